@@ -1,0 +1,52 @@
+"""ModelForge control plane: the Flask application factory."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from flask import Flask
+
+from app import api, db
+from app.config import ConfigError, load_settings
+from app.extensions import csrf, migrate
+
+__all__ = ["ConfigError", "create_app"]
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+
+def create_app(config: Mapping[str, str] | None = None) -> Flask:
+    """Build the control plane; `config` overrides MODELFORGE_* variables (tests use it)."""
+    env = {**os.environ, **(config or {})}
+    app = Flask(
+        __name__,
+        instance_path=env.get("MODELFORGE_INSTANCE_PATH") or str(PROJECT_ROOT / "instance"),
+        instance_relative_config=True,
+        template_folder=str(PROJECT_ROOT / "templates"),
+        static_folder=str(PROJECT_ROOT / "static"),
+    )
+    settings = load_settings(env, Path(app.instance_path))
+    app.config.update(settings.as_flask_config())
+    app.config["SQLALCHEMY_ENGINE_OPTIONS"] = db.engine_options(settings.database_url)
+    app.json.sort_keys = False
+
+    _configure_logging(app)
+    db.init_app(app)
+    migrate.init_app(app, db.db, directory=str(MIGRATIONS))
+    csrf.init_app(app)
+    api.init_app(app)
+    return app
+
+
+def _configure_logging(app: Flask) -> None:
+    """Log through gunicorn's handlers when served by it, else to stderr."""
+    gunicorn_logger = logging.getLogger("gunicorn.error")
+    if gunicorn_logger.handlers:
+        app.logger.handlers = gunicorn_logger.handlers
+        app.logger.setLevel(gunicorn_logger.level)
+    else:
+        app.logger.setLevel(logging.INFO)

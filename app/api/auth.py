@@ -1,0 +1,53 @@
+"""Who may call the API: the operator key (admin) or a node credential (agent)."""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from flask import current_app, request
+
+from app import tokens
+from app.api.errors import ApiError
+
+ADMIN_HEADER = "X-ModelForge-Admin-Token"
+
+
+def admin_required(view):
+    """Refuse the request unless it carries the operator key (constant-time compare)."""
+
+    @wraps(view)
+    def wrapper(*args, **kwargs):
+        presented = request.headers.get(ADMIN_HEADER)
+        if not presented:
+            raise ApiError(
+                401,
+                "ADMIN_TOKEN_REQUIRED",
+                f"This endpoint needs the {ADMIN_HEADER} header.",
+                "Send the operator API key (instance/operator-api-key or "
+                "MODELFORGE_OPERATOR_API_KEY) in that header.",
+            )
+        expected = current_app.config["MODELFORGE"].operator_api_key
+        if not tokens.same_secret(expected, presented):
+            raise ApiError(
+                401,
+                "ADMIN_TOKEN_INVALID",
+                f"The {ADMIN_HEADER} header does not hold the operator API key.",
+                "Copy the key again from instance/operator-api-key or MODELFORGE_OPERATOR_API_KEY.",
+            )
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+def bearer_credential() -> str:
+    """The node credential from `Authorization: Bearer …`, or a 401."""
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret:
+        raise ApiError(
+            401,
+            "CREDENTIAL_REQUIRED",
+            "Agent endpoints need the node credential as `Authorization: Bearer mfn_…`.",
+            "Enrol the node first; the agent stores its credential in <state>/node-credential.",
+        )
+    return secret

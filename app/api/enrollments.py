@@ -1,0 +1,76 @@
+"""Admin API for enrolment tokens (E1, E5)."""
+
+from __future__ import annotations
+
+from flask import request
+
+from app import enrollment
+from app.api import bp, json_response, settings
+from app.api.auth import admin_required
+from app.api.validation import Fields, invalid, json_object
+from app.config import normalize_origin
+from app.models import EnrollmentState
+
+CREATE_FIELDS = {
+    "display_name",
+    "expires_in_seconds",
+    "role",
+    "labels",
+    "production_eligible",
+    "lab_eligible",
+    "benchmark_eligible",
+}
+
+
+def current_api_origin() -> str:
+    """E3: the origin agents must use — MODELFORGE_PUBLIC_API_ORIGIN, else this request's own."""
+    return settings().public_api_origin or normalize_origin(request.host_url) or request.host_url
+
+
+@bp.post("/admin/node-enrollments")
+@admin_required
+def create_enrollment():
+    """Mint a one-time enrolment token; the token appears in this response only."""
+    fields = Fields(json_object())
+    fields.reject_unknown(CREATE_FIELDS)
+    minted, token = enrollment.create(
+        enrollment.EnrollmentRequest(
+            display_name=fields.string("display_name"),
+            expires_in_seconds=fields.integer(
+                "expires_in_seconds",
+                minimum=enrollment.MIN_EXPIRY_SECONDS,
+                maximum=enrollment.MAX_EXPIRY_SECONDS,
+            ),
+            api_origin=current_api_origin(),
+            role=fields.string("role", required=False, max_length=100),
+            labels=fields.labels("labels"),
+            production_eligible=fields.boolean("production_eligible", False),
+            lab_eligible=fields.boolean("lab_eligible", False),
+            benchmark_eligible=fields.boolean("benchmark_eligible", False),
+        )
+    )
+    return json_response({**minted.to_dict(), "token": token}, 201)
+
+
+@bp.get("/admin/node-enrollments")
+@admin_required
+def list_enrollments():
+    """Enrolments, newest first, without tokens; `?state=` filters."""
+    state = request.args.get("state") or None
+    if state is not None and state not in set(EnrollmentState):
+        raise invalid("state", "must be one of " + ", ".join(EnrollmentState))
+    return json_response({"enrollments": [item.to_dict() for item in enrollment.list_all(state)]})
+
+
+@bp.get("/admin/node-enrollments/<enrollment_id>")
+@admin_required
+def get_enrollment(enrollment_id: str):
+    """One enrolment, without its token."""
+    return json_response(enrollment.get(enrollment_id).to_dict())
+
+
+@bp.post("/admin/node-enrollments/<enrollment_id>/revoke")
+@admin_required
+def revoke_enrollment(enrollment_id: str):
+    """Revoke an unused token."""
+    return json_response(enrollment.revoke(enrollment_id).to_dict())

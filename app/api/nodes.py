@@ -1,0 +1,56 @@
+"""Admin API for nodes: read back, rotate/revoke credentials, disable/enable (I5, I6)."""
+
+from __future__ import annotations
+
+from app import nodes
+from app.api import bp, json_response, settings
+from app.api.auth import admin_required
+
+
+@bp.get("/hardware/nodes")
+@admin_required
+def list_nodes():
+    """Every node with status, inventory, GPUs, latest telemetry and credential metadata."""
+    return json_response({"nodes": nodes.describe(None, settings())})
+
+
+@bp.get("/hardware/nodes/<node_id>")
+@admin_required
+def get_node(node_id: str):
+    """One node in the wire format."""
+    described = nodes.describe([node_id], settings())
+    if not described:
+        nodes.get(node_id)  # raises NODE_NOT_FOUND
+    return json_response(described[0])
+
+
+@bp.post("/admin/nodes/<node_id>/credential/rotate")
+@admin_required
+def rotate_credential(node_id: str):
+    """Issue a new credential (shown once) and invalidate the old one."""
+    credential, secret = nodes.rotate_credential(node_id)
+    return json_response({"credential": secret, "node_id": node_id, **credential.to_dict()}, 201)
+
+
+@bp.post("/admin/nodes/<node_id>/credential/revoke")
+@admin_required
+def revoke_credential(node_id: str):
+    """Leave the node with no active credential."""
+    credential = nodes.revoke_credential(node_id)
+    return json_response({"node_id": node_id, **credential.to_dict()})
+
+
+@bp.post("/admin/nodes/<node_id>/disable")
+@admin_required
+def disable_node(node_id: str):
+    """Make the node ineligible and refuse its publications at once."""
+    nodes.set_disabled(node_id, True)
+    return json_response(nodes.describe([node_id], settings())[0])
+
+
+@bp.post("/admin/nodes/<node_id>/enable")
+@admin_required
+def enable_node(node_id: str):
+    """Undo disable."""
+    nodes.set_disabled(node_id, False)
+    return json_response(nodes.describe([node_id], settings())[0])

@@ -1,0 +1,567 @@
+"""The OpenAPI 3.1 description of the API, served at GET /api/v1/openapi.json.
+
+A test compares its paths and methods with Flask's registered routes, and schemathesis
+checks every response against it, so the document and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from app.api import bp, json_response
+from app.compat import SUPPORTED_PROTOCOLS
+
+NULLABLE_STRING = {"type": ["string", "null"]}
+NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
+TIME = {"type": "string", "format": "date-time"}
+UUID = {"type": "string", "format": "uuid"}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _obj(properties: dict, required: list[str] | None = None, additional: bool = True) -> dict:
+    schema: dict = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    if not additional:
+        schema["additionalProperties"] = False
+    return schema
+
+
+def _json(schema: dict, description: str) -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict:
+    described = {
+        400: "Invalid input; `error.field` names the field",
+        401: "Missing or wrong credential",
+        403: "Refused",
+        404: "Not found",
+        409: "Conflict with the current state",
+        410: "Gone: expired or revoked",
+        413: "Body too large",
+        415: "Body is not JSON",
+        426: "Protocol incompatible; the body carries `compatibility`",
+    }
+    responses = {str(status): _json(_ref("Error"), described[status]) for status in statuses}
+    responses["default"] = _json(_ref("Error"), "Any other error, in the same shape")
+    return responses
+
+
+def _admin(operation: dict) -> dict:
+    return {**operation, "security": [{"adminToken": []}]}
+
+
+def _agent(operation: dict) -> dict:
+    return {**operation, "security": [{"nodeCredential": []}]}
+
+
+def _body(schema: dict) -> dict:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+def _path_param(name: str) -> dict:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+COMPATIBILITY = _obj(
+    {
+        "answer": {"enum": ["COMPATIBLE", "TOO_OLD", "TOO_NEW", "UNKNOWN"]},
+        "protocol_version": {},
+        "supported": {"type": "array", "items": {"type": "integer"}},
+        "action": {"type": "string"},
+    },
+    ["answer", "protocol_version", "supported", "action"],
+)
+
+ENROLLMENT = _obj(
+    {
+        "id": UUID,
+        "display_name": {"type": "string"},
+        "state": {"enum": ["pending", "consumed", "revoked", "expired"]},
+        "token_prefix": {"type": "string"},
+        "created_at": TIME,
+        "expires_at": TIME,
+        "api_origin": {"type": "string"},
+        "role": NULLABLE_STRING,
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "production_eligible": {"type": "boolean"},
+        "lab_eligible": {"type": "boolean"},
+        "benchmark_eligible": {"type": "boolean"},
+        "revoked_at": NULLABLE_TIME,
+        "node_id": {"type": ["string", "null"]},
+        "consumed_at": NULLABLE_TIME,
+    },
+    [
+        "id",
+        "display_name",
+        "state",
+        "expires_at",
+        "api_origin",
+        "role",
+        "labels",
+        "production_eligible",
+        "lab_eligible",
+        "benchmark_eligible",
+    ],
+)
+
+ENROLLMENT_CREATE = _obj(
+    {
+        "display_name": {"type": "string", "minLength": 1, "maxLength": 200},
+        "expires_in_seconds": {"type": "integer", "minimum": 60, "maximum": 86400},
+        "role": {"type": ["string", "null"], "maxLength": 100},
+        "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 200}},
+        "production_eligible": {"type": "boolean", "default": False},
+        "lab_eligible": {"type": "boolean", "default": False},
+        "benchmark_eligible": {"type": "boolean", "default": False},
+    },
+    ["display_name", "expires_in_seconds"],
+    additional=False,
+)
+
+CREDENTIAL = _obj(
+    {
+        "id": {"type": "integer"},
+        "prefix": {"type": "string"},
+        "created_at": TIME,
+        "active": {"type": "boolean"},
+        "revoked_at": NULLABLE_TIME,
+        "revoked_reason": NULLABLE_STRING,
+    },
+    ["id", "prefix", "created_at", "active"],
+)
+
+GPU = _obj(
+    {
+        "uuid": {"type": "string"},
+        "name": NULLABLE_STRING,
+        "memory_total_bytes": {"type": ["integer", "null"]},
+        "driver_version": NULLABLE_STRING,
+        "cuda_driver_version": NULLABLE_STRING,
+        "pci_bus_id": NULLABLE_STRING,
+        "present": {"type": "boolean"},
+        "first_seen_at": TIME,
+        "last_seen_at": TIME,
+    },
+    ["uuid", "name", "memory_total_bytes", "driver_version"],
+)
+
+TELEMETRY_SAMPLE = _obj(
+    {
+        "gpu_uuid": {"type": "string", "minLength": 1, "maxLength": 96},
+        "sampled_at": TIME,
+        "utilization_gpu_percent": {"type": ["number", "null"], "minimum": 0, "maximum": 100},
+        "memory_used_bytes": {"type": ["integer", "null"], "minimum": 0},
+        "temperature_c": {"type": ["number", "null"]},
+        "power_w": {"type": ["number", "null"], "minimum": 0},
+    },
+    ["gpu_uuid", "sampled_at", "utilization_gpu_percent", "memory_used_bytes", "temperature_c", "power_w"],
+)
+
+NODE = _obj(
+    {
+        "id": UUID,
+        "display_name": {"type": "string"},
+        "hostname": {"type": "string"},
+        "status": {"enum": ["pending", "online", "stale", "offline"]},
+        "disabled": {"type": "boolean"},
+        "last_heartbeat_at": NULLABLE_TIME,
+        "heartbeat_age_seconds": {"type": ["number", "null"]},
+        "agent_version": NULLABLE_STRING,
+        "protocol_version": {"type": ["integer", "null"]},
+        "compatibility": {"oneOf": [{"type": "null"}, COMPATIBILITY]},
+        "health": {"type": ["object", "null"]},
+        "inventory": {"type": ["object", "null"]},
+        "gpus": {"type": "array", "items": GPU},
+        "telemetry": {"type": "array", "items": TELEMETRY_SAMPLE},
+        "eligibility": _obj(
+            {
+                "production_eligible": {"type": "boolean"},
+                "lab_eligible": {"type": "boolean"},
+                "benchmark_eligible": {"type": "boolean"},
+            },
+            ["production_eligible", "lab_eligible", "benchmark_eligible"],
+        ),
+        "credential": {"oneOf": [{"type": "null"}, CREDENTIAL]},
+        "suspected_duplicate_hostname": {"type": "boolean"},
+    },
+    [
+        "id",
+        "display_name",
+        "hostname",
+        "status",
+        "disabled",
+        "last_heartbeat_at",
+        "heartbeat_age_seconds",
+        "agent_version",
+        "protocol_version",
+        "compatibility",
+        "inventory",
+        "gpus",
+        "telemetry",
+        "eligibility",
+        "credential",
+    ],
+)
+
+AGENT_VERSIONS = {
+    "protocol_version": {"type": "integer", "examples": list(SUPPORTED_PROTOCOLS)},
+    "agent_version": {"type": "string", "minLength": 1, "maxLength": 64},
+}
+
+AGENT_REPLY = {
+    "status": {"type": "string"},
+    "compatibility": COMPATIBILITY,
+    "heartbeat_interval_seconds": {"type": "integer"},
+}
+
+ENROLL_REQUEST = _obj(
+    {
+        "enrollment_token": {"type": "string", "minLength": 1, "maxLength": 200},
+        "node_id": UUID,
+        "hostname": {"type": "string", "minLength": 1, "maxLength": 255},
+        "control_plane_url": {"type": "string", "format": "uri"},
+        "display_name": {"type": "string", "maxLength": 200},
+        **AGENT_VERSIONS,
+    },
+    ["enrollment_token", "node_id", "hostname", "control_plane_url", "protocol_version", "agent_version"],
+)
+
+INVENTORY_REQUEST = _obj(
+    {
+        **AGENT_VERSIONS,
+        "inventory": _obj(
+            {
+                "hostname": {"type": ["string", "null"], "maxLength": 255},
+                "gpus": {
+                    "type": "array",
+                    "maxItems": 64,
+                    "items": _obj(
+                        {
+                            "uuid": {"type": "string", "minLength": 1, "maxLength": 96},
+                            "name": {"type": ["string", "null"], "maxLength": 200},
+                            "memory_total_bytes": {"type": ["integer", "null"], "minimum": 0},
+                            "driver_version": {"type": ["string", "null"], "maxLength": 200},
+                            "cuda_driver_version": {"type": ["string", "null"], "maxLength": 200},
+                            "pci_bus_id": {"type": ["string", "null"], "maxLength": 200},
+                        },
+                        ["uuid"],
+                    ),
+                },
+            },
+            ["gpus"],
+        ),
+    },
+    ["protocol_version", "agent_version", "inventory"],
+)
+
+HEARTBEAT_REQUEST = _obj(
+    {
+        **AGENT_VERSIONS,
+        "health": _obj(
+            {
+                "status": {"enum": ["ok", "degraded", "failing"]},
+                "detail": {"type": ["string", "null"], "maxLength": 1000},
+            },
+            ["status"],
+        ),
+        "telemetry": {"type": "array", "maxItems": 64, "items": TELEMETRY_SAMPLE},
+    },
+    ["protocol_version", "agent_version", "health"],
+)
+
+ERROR = _obj(
+    {
+        "error": _obj(
+            {
+                "code": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*$"},
+                "message": {"type": "string"},
+                "next_step": {"type": "string"},
+                "field": {"type": "string"},
+            },
+            ["code", "message", "next_step"],
+        ),
+        "compatibility": COMPATIBILITY,
+        "expected_origin": {"type": "string"},
+    },
+    ["error"],
+)
+
+
+def _paths() -> dict:
+    enrollment_id = [_path_param("enrollment_id")]
+    node_id = [_path_param("node_id")]
+    return {
+        "/healthz": {
+            "get": {
+                "summary": "Liveness of the control plane and its database",
+                "responses": {
+                    "200": _json(_obj({"status": {"const": "ok"}}, ["status"]), "Healthy"),
+                    **_errors(),
+                },
+            }
+        },
+        "/api/v1/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+            }
+        },
+        "/api/v1/admin/node-enrollments": {
+            "post": _admin(
+                {
+                    "summary": "Mint a one-time enrolment token (E1)",
+                    "requestBody": _body(ENROLLMENT_CREATE),
+                    "responses": {
+                        "201": _json(
+                            {
+                                "allOf": [
+                                    ENROLLMENT,
+                                    _obj({"token": {"type": "string", "pattern": "^mfe_"}}, ["token"]),
+                                ]
+                            },
+                            "Created; `token` appears here only",
+                        ),
+                        **_errors(400, 401, 413, 415),
+                    },
+                }
+            ),
+            "get": _admin(
+                {
+                    "summary": "List enrolments, newest first, without tokens",
+                    "parameters": [
+                        {
+                            "name": "state",
+                            "in": "query",
+                            "schema": {"enum": ["pending", "consumed", "revoked", "expired"]},
+                        }
+                    ],
+                    "responses": {
+                        "200": _json(
+                            _obj({"enrollments": {"type": "array", "items": ENROLLMENT}}, ["enrollments"]),
+                            "Enrolments",
+                        ),
+                        **_errors(400, 401),
+                    },
+                }
+            ),
+        },
+        "/api/v1/admin/node-enrollments/{enrollment_id}": {
+            "parameters": enrollment_id,
+            "get": _admin(
+                {
+                    "summary": "One enrolment",
+                    "responses": {"200": _json(ENROLLMENT, "The enrolment"), **_errors(401, 404)},
+                }
+            ),
+        },
+        "/api/v1/admin/node-enrollments/{enrollment_id}/revoke": {
+            "parameters": enrollment_id,
+            "post": _admin(
+                {
+                    "summary": "Revoke an unused token",
+                    "responses": {"200": _json(ENROLLMENT, "Revoked"), **_errors(401, 404, 409)},
+                }
+            ),
+        },
+        "/api/v1/hardware/nodes": {
+            "get": _admin(
+                {
+                    "summary": "All nodes",
+                    "responses": {
+                        "200": _json(_obj({"nodes": {"type": "array", "items": NODE}}, ["nodes"]), "Nodes"),
+                        **_errors(401),
+                    },
+                }
+            )
+        },
+        "/api/v1/hardware/nodes/{node_id}": {
+            "parameters": node_id,
+            "get": _admin(
+                {"summary": "One node", "responses": {"200": _json(NODE, "The node"), **_errors(401, 404)}}
+            ),
+        },
+        "/api/v1/admin/nodes/{node_id}/credential/rotate": {
+            "parameters": node_id,
+            "post": _admin(
+                {
+                    "summary": "Issue a new credential once and invalidate the old one (I5)",
+                    "responses": {
+                        "201": _json(
+                            {
+                                "allOf": [
+                                    CREDENTIAL,
+                                    _obj(
+                                        {
+                                            "credential": {"type": "string", "pattern": "^mfn_"},
+                                            "node_id": UUID,
+                                        },
+                                        ["credential", "node_id"],
+                                    ),
+                                ]
+                            },
+                            "The new credential, shown once",
+                        ),
+                        **_errors(401, 404),
+                    },
+                }
+            ),
+        },
+        "/api/v1/admin/nodes/{node_id}/credential/revoke": {
+            "parameters": node_id,
+            "post": _admin(
+                {
+                    "summary": "Revoke the active credential (I5)",
+                    "responses": {
+                        "200": _json(
+                            {"allOf": [CREDENTIAL, _obj({"node_id": UUID}, ["node_id"])]}, "Revoked"
+                        ),
+                        **_errors(401, 404, 409),
+                    },
+                }
+            ),
+        },
+        "/api/v1/admin/nodes/{node_id}/disable": {
+            "parameters": node_id,
+            "post": _admin(
+                {
+                    "summary": "Disable the node (I6)",
+                    "responses": {"200": _json(NODE, "Disabled"), **_errors(401, 404)},
+                }
+            ),
+        },
+        "/api/v1/admin/nodes/{node_id}/enable": {
+            "parameters": node_id,
+            "post": _admin(
+                {
+                    "summary": "Enable the node (I6)",
+                    "responses": {"200": _json(NODE, "Enabled"), **_errors(401, 404)},
+                }
+            ),
+        },
+        "/api/v1/admin/audit-events": {
+            "get": _admin(
+                {
+                    "summary": "Audit events, newest first (P4)",
+                    "parameters": [
+                        {"name": "node_id", "in": "query", "schema": {"type": "string"}},
+                        {"name": "action", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "limit",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+                        },
+                        {"name": "before_id", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+                    ],
+                    "responses": {
+                        "200": _json(
+                            _obj(
+                                {
+                                    "audit_events": {
+                                        "type": "array",
+                                        "items": _obj(
+                                            {
+                                                "id": {"type": "integer"},
+                                                "at": TIME,
+                                                "actor": {"type": "string"},
+                                                "action": {"type": "string"},
+                                                "node_id": {"type": ["string", "null"]},
+                                                "details": {"type": "object"},
+                                            },
+                                            ["id", "at", "actor", "action", "node_id", "details"],
+                                        ),
+                                    }
+                                },
+                                ["audit_events"],
+                            ),
+                            "Events",
+                        ),
+                        **_errors(400, 401),
+                    },
+                }
+            )
+        },
+        "/api/v1/agent/enroll": {
+            "post": {
+                "summary": "Claim an enrolment token once; returns the node credential once (E2)",
+                "requestBody": _body(ENROLL_REQUEST),
+                "responses": {
+                    "201": _json(
+                        _obj(
+                            {
+                                "node_id": UUID,
+                                "credential": {"type": "string", "pattern": "^mfn_"},
+                                **AGENT_REPLY,
+                            },
+                            ["node_id", "credential", "heartbeat_interval_seconds", "compatibility"],
+                        ),
+                        "Enrolled",
+                    ),
+                    **_errors(400, 401, 409, 410, 413, 415, 426),
+                },
+            }
+        },
+        "/api/v1/agent/inventory": {
+            "post": _agent(
+                {
+                    "summary": "Publish the node's inventory (N4)",
+                    "requestBody": _body(INVENTORY_REQUEST),
+                    "responses": {
+                        "200": _json(
+                            _obj(AGENT_REPLY, ["status", "compatibility", "heartbeat_interval_seconds"]),
+                            "Stored",
+                        ),
+                        **_errors(400, 401, 403, 413, 415, 426),
+                    },
+                }
+            )
+        },
+        "/api/v1/agent/heartbeat": {
+            "post": _agent(
+                {
+                    "summary": "Publish health and telemetry; the reply carries the next interval (A2)",
+                    "requestBody": _body(HEARTBEAT_REQUEST),
+                    "responses": {
+                        "200": _json(
+                            _obj(AGENT_REPLY, ["status", "compatibility", "heartbeat_interval_seconds"]),
+                            "Recorded",
+                        ),
+                        **_errors(400, 401, 403, 413, 415, 426),
+                    },
+                }
+            )
+        },
+    }
+
+
+@cache
+def document() -> dict:
+    """The OpenAPI 3.1 document."""
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ModelForge control plane",
+            "version": "1",
+            "description": "Enrolment, node credentials, the outbound-only agent protocol, node read-back.",
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": {"Error": ERROR},
+            "securitySchemes": {
+                "adminToken": {"type": "apiKey", "in": "header", "name": "X-ModelForge-Admin-Token"},
+                "nodeCredential": {"type": "http", "scheme": "bearer"},
+            },
+        },
+    }
+
+
+@bp.get("/openapi.json")
+def openapi_json():
+    """Serve the OpenAPI document."""
+    response = json_response(document())
+    response.headers["Cache-Control"] = "public, max-age=300"
+    return response

@@ -1,0 +1,195 @@
+"""Settings read from MODELFORGE_* variables, validated once at start-up.
+
+Every refusal is a `ConfigError` whose message names the variable, so an admin reading
+one line of a failed start knows what to change (STYLE guideline 2).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+MIN_OPERATOR_KEY_LENGTH = 32
+OPERATOR_KEY_FILE = "operator-api-key"
+SECRET_KEY_FILE = "secret-key"
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The control plane's validated configuration."""
+
+    instance_path: Path
+    operator_api_key: str
+    secret_key: str
+    database_url: str
+    bind: str
+    public_api_origin: str | None
+    heartbeat_interval_seconds: int
+    node_stale_after_seconds: int
+    node_offline_after_seconds: int
+    sweep_interval_seconds: int
+    hardware_refresh_on_startup: bool
+    max_request_bytes: int
+
+    def as_flask_config(self) -> dict[str, object]:
+        """The Flask config keys these settings fill in."""
+        return {
+            "SECRET_KEY": self.secret_key,
+            "SQLALCHEMY_DATABASE_URI": self.database_url,
+            "MAX_CONTENT_LENGTH": self.max_request_bytes,
+            "MODELFORGE": self,
+        }
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number of seconds, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in {"1", "true", "yes", "on"}:
+        return True
+    if raw in {"0", "false", "no", "off"}:
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _read_instance_secret(instance_path: Path, filename: str) -> str | None:
+    path = instance_path / filename
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def ensure_instance_secrets(instance_path: Path) -> dict[str, Path]:
+    """Create the operator key and session secret once, mode 0600; return the files made."""
+    instance_path.mkdir(parents=True, exist_ok=True)
+    created = {}
+    for filename in (OPERATOR_KEY_FILE, SECRET_KEY_FILE):
+        path = instance_path / filename
+        if path.exists():
+            continue
+        # O_EXCL: two starts racing never overwrite each other's key.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+        created[filename] = path
+    return created
+
+
+def _database_url(env: Mapping[str, str], instance_path: Path) -> str:
+    name = "MODELFORGE_DATABASE_URL"
+    url = env.get(name, "").strip()
+    if not url:
+        return f"sqlite:///{instance_path / 'modelforge.sqlite3'}"
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    if scheme == "sqlite":
+        if not url.startswith("sqlite:///"):
+            raise ConfigError(f"{name}: SQLite URLs look like sqlite:////absolute/path.sqlite3")
+        return url
+    if scheme in {"postgresql", "postgresql+psycopg"}:
+        # One driver everywhere: psycopg 3.
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    raise ConfigError(
+        f"{name} must start with sqlite:/// or postgresql+psycopg://, got scheme {scheme or '(none)'!r}"
+    )
+
+
+def normalize_origin(url: str) -> str | None:
+    """Return scheme://host[:port] in lower case with default ports dropped, or None if not a URL."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        return None
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    default_port = {"http": 80, "https": 443}[parts.scheme]
+    if port is None or port == default_port:
+        return f"{parts.scheme}://{host}"
+    return f"{parts.scheme}://{host}:{port}"
+
+
+def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
+    """Parse and validate every MODELFORGE_* setting, or raise ConfigError naming the variable."""
+    instance_path = Path(env.get("MODELFORGE_INSTANCE_PATH") or instance_path)
+
+    operator_key = env.get("MODELFORGE_OPERATOR_API_KEY", "").strip() or _read_instance_secret(
+        instance_path, OPERATOR_KEY_FILE
+    )
+    if not operator_key:
+        raise ConfigError(
+            "MODELFORGE_OPERATOR_API_KEY is not set and instance/operator-api-key does not exist; "
+            "run `make run` once or set the variable"
+        )
+    if len(operator_key) < MIN_OPERATOR_KEY_LENGTH:
+        raise ConfigError(
+            f"MODELFORGE_OPERATOR_API_KEY must be at least {MIN_OPERATOR_KEY_LENGTH} characters"
+        )
+
+    secret_key = env.get("MODELFORGE_SECRET_KEY", "").strip() or _read_instance_secret(
+        instance_path, SECRET_KEY_FILE
+    )
+    if not secret_key:
+        raise ConfigError(
+            "MODELFORGE_SECRET_KEY is not set and instance/secret-key does not exist; "
+            "run `make run` once or set the variable"
+        )
+
+    public_origin = env.get("MODELFORGE_PUBLIC_API_ORIGIN", "").strip() or None
+    if public_origin is not None:
+        normalized = normalize_origin(public_origin)
+        if normalized is None:
+            raise ConfigError(
+                "MODELFORGE_PUBLIC_API_ORIGIN must be an http(s) origin such as "
+                f"https://modelforge.lan, got {public_origin!r}"
+            )
+        public_origin = normalized
+
+    stale = _int(env, "MODELFORGE_NODE_STALE_AFTER_SECONDS", 45)
+    offline = _int(env, "MODELFORGE_NODE_OFFLINE_AFTER_SECONDS", 120)
+    if offline <= stale:
+        # L1: refuse to start, naming both variables.
+        raise ConfigError(
+            f"MODELFORGE_NODE_OFFLINE_AFTER_SECONDS ({offline}) must exceed "
+            f"MODELFORGE_NODE_STALE_AFTER_SECONDS ({stale})"
+        )
+
+    bind = env.get("MODELFORGE_BIND", "").strip() or "127.0.0.1:8000"
+    return Settings(
+        instance_path=instance_path,
+        operator_api_key=operator_key,
+        secret_key=secret_key,
+        database_url=_database_url(env, instance_path),
+        bind=bind,
+        public_api_origin=public_origin,
+        heartbeat_interval_seconds=_int(env, "MODELFORGE_HEARTBEAT_INTERVAL_SECONDS", 15),
+        node_stale_after_seconds=stale,
+        node_offline_after_seconds=offline,
+        sweep_interval_seconds=_int(env, "MODELFORGE_SWEEP_INTERVAL_SECONDS", 5),
+        hardware_refresh_on_startup=_bool(env, "MODELFORGE_HARDWARE_REFRESH_ON_STARTUP", False),
+        max_request_bytes=_int(env, "MODELFORGE_MAX_REQUEST_BYTES", 256 * 1024, minimum=1024),
+    )

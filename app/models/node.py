@@ -1,0 +1,50 @@
+"""Nodes, and their liveness lease kept apart from everything else they publish."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.extensions import db
+from app.timeutil import UTCDateTime, utcnow
+
+
+class Node(db.Model):
+    """A compute node, identified by the UUID its agent created (I1)."""
+
+    __tablename__ = "nodes"
+
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True)
+    display_name: Mapped[str] = mapped_column(sa.String(200))
+    hostname: Mapped[str] = mapped_column(sa.String(255), index=True)
+    role: Mapped[str | None] = mapped_column(sa.String(100))
+    labels: Mapped[dict[str, str]] = mapped_column(sa.JSON, default=dict)
+    production_eligible: Mapped[bool] = mapped_column(default=False)
+    lab_eligible: Mapped[bool] = mapped_column(default=False)
+    benchmark_eligible: Mapped[bool] = mapped_column(default=False)
+    disabled: Mapped[bool] = mapped_column(default=False)
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    enrolled_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class NodeLease(db.Model):
+    """The liveness write: one small row per node, touched by every heartbeat.
+
+    Like Kubernetes node leases, it is kept apart from inventory and telemetry so the hot
+    path updates one narrow row and nothing else contends with it.
+    """
+
+    __tablename__ = "node_leases"
+
+    node_id: Mapped[str] = mapped_column(sa.ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
+    status: Mapped[str] = mapped_column(sa.String(16), default="pending", index=True)
+    health_status: Mapped[str | None] = mapped_column(sa.String(16))
+    health_detail: Mapped[str | None] = mapped_column(sa.String(1000))
+    agent_version: Mapped[str | None] = mapped_column(sa.String(64))
+    protocol_version: Mapped[int | None] = mapped_column()
+    compatibility: Mapped[str | None] = mapped_column(sa.String(16))
+    last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -1,0 +1,206 @@
+"""Reading nodes back, and the operator's actions on them (I5, I6, L1)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from app import audit, tokens
+from app.compat import compatibility
+from app.config import Settings
+from app.errors import DomainError
+from app.extensions import db
+from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
+from app.timeutil import isoformat, utcnow
+
+
+def liveness(
+    last_heartbeat_at: datetime | None, now: datetime, settings: Settings
+) -> tuple[str, float | None]:
+    """L1: status and heartbeat age, computed from the stored time so a stopped agent ages."""
+    if last_heartbeat_at is None:
+        return "pending", None
+    age = max((now - last_heartbeat_at).total_seconds(), 0.0)
+    if age <= settings.node_stale_after_seconds:
+        return "online", age
+    if age <= settings.node_offline_after_seconds:
+        return "stale", age
+    return "offline", age
+
+
+def get(node_id: str) -> Node:
+    """The node with this id, or NODE_NOT_FOUND."""
+    node = db.session.get(Node, node_id)
+    if node is None:
+        raise DomainError(
+            "NODE_NOT_FOUND",
+            f"No node has id {node_id!r}.",
+            "List nodes with GET /api/v1/hardware/nodes.",
+        )
+    return node
+
+
+def _latest_telemetry(node_ids: list[str]) -> dict[str, list[TelemetrySample]]:
+    """The newest sample of each GPU of these nodes, in one query."""
+    if not node_ids:
+        return {}
+    newest = (
+        sa.select(
+            TelemetrySample.node_id,
+            TelemetrySample.gpu_uuid,
+            sa.func.max(TelemetrySample.sampled_at).label("sampled_at"),
+        )
+        .where(TelemetrySample.node_id.in_(node_ids))
+        .group_by(TelemetrySample.node_id, TelemetrySample.gpu_uuid)
+        .subquery()
+    )
+    rows = db.session.scalars(
+        sa.select(TelemetrySample)
+        .join(
+            newest,
+            sa.and_(
+                TelemetrySample.node_id == newest.c.node_id,
+                TelemetrySample.gpu_uuid == newest.c.gpu_uuid,
+                TelemetrySample.sampled_at == newest.c.sampled_at,
+            ),
+        )
+        .order_by(TelemetrySample.gpu_uuid, TelemetrySample.id.desc())
+    )
+    latest: dict[str, dict[str, TelemetrySample]] = defaultdict(dict)
+    for sample in rows:
+        latest[sample.node_id].setdefault(sample.gpu_uuid, sample)
+    return {node_id: list(by_gpu.values()) for node_id, by_gpu in latest.items()}
+
+
+def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, object]]:
+    """Nodes in the wire format, in a fixed number of queries however many there are."""
+    query = (
+        sa.select(Node, NodeLease, NodeInventory, Credential)
+        .outerjoin(NodeLease, NodeLease.node_id == Node.id)
+        .outerjoin(NodeInventory, NodeInventory.node_id == Node.id)
+        .outerjoin(Credential, sa.and_(Credential.node_id == Node.id, Credential.revoked_at.is_(None)))
+        .order_by(Node.display_name, Node.id)
+    )
+    if node_ids is not None:
+        query = query.where(Node.id.in_(node_ids))
+    rows = db.session.execute(query).all()
+    ids = [node.id for node, *_ in rows]
+    gpus: dict[str, list[Gpu]] = defaultdict(list)
+    if ids:
+        for gpu in db.session.scalars(
+            sa.select(Gpu).where(Gpu.node_id.in_(ids)).order_by(Gpu.pci_bus_id, Gpu.uuid)
+        ):
+            gpus[gpu.node_id].append(gpu)
+    telemetry = _latest_telemetry(ids)
+    hostname_counts = dict(
+        db.session.execute(sa.select(Node.hostname, sa.func.count()).group_by(Node.hostname)).all()
+    )
+    now = utcnow()
+    described = []
+    for node, lease, inventory, credential in rows:
+        status, age = liveness(lease.last_heartbeat_at if lease else None, now, settings)
+        described.append(
+            {
+                "id": node.id,
+                "display_name": node.display_name,
+                "hostname": node.hostname,
+                "status": status,
+                "disabled": node.disabled,
+                "last_heartbeat_at": isoformat(lease.last_heartbeat_at if lease else None),
+                "heartbeat_age_seconds": None if age is None else round(age, 3),
+                "agent_version": lease.agent_version if lease else None,
+                "protocol_version": lease.protocol_version if lease else None,
+                "compatibility": (
+                    compatibility(lease.protocol_version, lease.compatibility)
+                    if lease and lease.compatibility
+                    else None
+                ),
+                "health": (
+                    {"status": lease.health_status, "detail": lease.health_detail}
+                    if lease and lease.health_status
+                    else None
+                ),
+                "inventory": (
+                    {**inventory.facts, "received_at": isoformat(inventory.received_at)}
+                    if inventory
+                    else None
+                ),
+                "gpus": [gpu.to_dict() for gpu in gpus[node.id]],
+                "telemetry": [sample.to_dict() for sample in telemetry.get(node.id, [])],
+                "eligibility": {
+                    "production_eligible": node.production_eligible,
+                    "lab_eligible": node.lab_eligible,
+                    "benchmark_eligible": node.benchmark_eligible,
+                },
+                "role": node.role,
+                "labels": node.labels or {},
+                "credential": credential.to_dict() if credential else None,
+                # I4: another node ID with this hostname suggests a non-durable state volume.
+                "suspected_duplicate_hostname": hostname_counts.get(node.hostname, 0) > 1,
+                "enrolled_at": isoformat(node.enrolled_at),
+            }
+        )
+    return described
+
+
+def _active_credential(node_id: str) -> Credential | None:
+    return db.session.scalar(
+        sa.select(Credential).where(Credential.node_id == node_id, Credential.revoked_at.is_(None))
+    )
+
+
+def rotate_credential(node_id: str, actor: str = audit.OPERATOR) -> tuple[Credential, str]:
+    """I5: replace the active credential; the new secret is returned once."""
+    get(node_id)
+    now = utcnow()
+    old = _active_credential(node_id)
+    if old is not None:
+        old.revoked_at = now
+        old.revoked_reason = "rotated"
+        # The partial unique index allows one active credential: retire the old one first.
+        db.session.flush()
+    issued = tokens.issue(tokens.NODE_CREDENTIAL_PREFIX)
+    new = Credential(node_id=node_id, token_hash=issued.digest, prefix=issued.visible_prefix, created_at=now)
+    db.session.add(new)
+    db.session.flush()
+    audit.record(
+        actor,
+        "credential.rotated",
+        node_id,
+        old_credential_id=old.id if old else None,
+        new_credential_id=new.id,
+        new_credential_prefix=new.prefix,
+    )
+    db.session.commit()
+    return new, issued.secret
+
+
+def revoke_credential(node_id: str, actor: str = audit.OPERATOR) -> Credential:
+    """I5: leave the node with no active credential."""
+    get(node_id)
+    credential = _active_credential(node_id)
+    if credential is None:
+        db.session.rollback()
+        raise DomainError(
+            "NO_ACTIVE_CREDENTIAL",
+            f"Node {node_id} has no active credential.",
+            "Nothing to revoke. To let the node back in, mint an enrolment token and re-enrol it.",
+        )
+    credential.revoked_at = utcnow()
+    credential.revoked_reason = "revoked"
+    audit.record(actor, "credential.revoked", node_id, credential_id=credential.id)
+    db.session.commit()
+    return credential
+
+
+def set_disabled(node_id: str, disabled: bool, actor: str = audit.OPERATOR) -> Node:
+    """I6: disable (ineligible, publications refused) or enable a node; audited on change."""
+    node = get(node_id)
+    if node.disabled != disabled:
+        node.disabled = disabled
+        node.disabled_at = utcnow() if disabled else None
+        audit.record(actor, "node.disabled" if disabled else "node.enabled", node_id)
+    db.session.commit()
+    return node

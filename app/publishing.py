@@ -1,0 +1,162 @@
+"""What an enrolled agent publishes: inventory and heartbeats with telemetry (A2, N4, L2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from app import audit, tokens
+from app.errors import DomainError
+from app.extensions import db
+from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
+from app.timeutil import utcnow
+
+
+@dataclass(frozen=True)
+class Publisher:
+    """The node behind a presented credential."""
+
+    node_id: str
+    lease_status: str | None
+
+
+def authenticate(secret: str) -> Publisher:
+    """Find the node for a bearer credential by its indexed hash — never a scan (P2, I5, I6)."""
+    presented = tokens.digest(secret)
+    row = db.session.execute(
+        sa.select(Credential.token_hash, Credential.revoked_at, Node.id, Node.disabled, NodeLease.status)
+        .join(Node, Node.id == Credential.node_id)
+        .outerjoin(NodeLease, NodeLease.node_id == Node.id)
+        .where(Credential.token_hash == presented)
+    ).one_or_none()
+    # The index found the row; compare_digest keeps the final check constant-time.
+    if row is None or not tokens.same_digest(row.token_hash, secret):
+        raise DomainError(
+            "CREDENTIAL_INVALID",
+            "The node credential is not known to this control plane.",
+            "Check /data/state/node-credential on the node, or re-enrol it with a new token.",
+        )
+    if row.revoked_at is not None:
+        raise DomainError(
+            "CREDENTIAL_REVOKED",
+            "The node credential has been revoked.",
+            "Install the rotated credential, or mint a new enrolment token and re-enrol the node.",
+        )
+    if row.disabled:
+        raise DomainError(
+            "NODE_DISABLED",
+            "This node is disabled; its publications are refused.",
+            "An operator can enable it in the console or with POST /api/v1/admin/nodes/{id}/enable.",
+        )
+    return Publisher(node_id=row.id, lease_status=row.status)
+
+
+@dataclass
+class Versions:
+    """The versions an agent request carries (A1)."""
+
+    agent_version: str
+    protocol_version: int
+    compatibility: str
+
+
+def record_heartbeat(
+    publisher: Publisher,
+    versions: Versions,
+    health_status: str,
+    health_detail: str | None,
+    samples: list[dict[str, object]],
+) -> None:
+    """L2: one narrow lease UPDATE (liveness) and one batch INSERT (telemetry), one commit."""
+    now = utcnow()
+    db.session.execute(
+        sa.update(NodeLease)
+        .where(NodeLease.node_id == publisher.node_id)
+        .values(
+            last_heartbeat_at=now,
+            last_seen_at=now,
+            status="online",
+            health_status=health_status,
+            health_detail=health_detail,
+            agent_version=versions.agent_version,
+            protocol_version=versions.protocol_version,
+            compatibility=versions.compatibility,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if samples:
+        db.session.execute(
+            sa.insert(TelemetrySample),
+            [{**sample, "node_id": publisher.node_id, "received_at": now} for sample in samples],
+        )
+    if publisher.lease_status != "online":
+        action = "node.online" if publisher.lease_status in (None, "pending") else "node.returned"
+        audit.record(
+            audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=publisher.lease_status
+        )
+    db.session.commit()
+
+
+def note_versions(node_id: str, versions: Versions) -> None:
+    """Remember what an agent last sent, even when refused, so the console can show it (A1)."""
+    db.session.execute(
+        sa.update(NodeLease)
+        .where(NodeLease.node_id == node_id)
+        .values(
+            agent_version=versions.agent_version,
+            protocol_version=versions.protocol_version,
+            compatibility=versions.compatibility,
+            last_seen_at=utcnow(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    db.session.commit()
+
+
+def record_inventory(
+    publisher: Publisher, versions: Versions, facts: dict[str, object], gpus: list[dict[str, object]]
+) -> dict[str, int]:
+    """N4: store the latest inventory, upsert GPUs by UUID, and audit what changed."""
+    now = utcnow()
+    node_id = publisher.node_id
+    inventory = db.session.get(NodeInventory, node_id)
+    if inventory is None:
+        db.session.add(NodeInventory(node_id=node_id, facts=facts, received_at=now))
+    else:
+        inventory.facts = facts
+        inventory.received_at = now
+
+    node = db.session.get(Node, node_id)
+    hostname = facts.get("hostname")
+    if isinstance(hostname, str) and hostname and hostname != node.hostname:
+        audit.record(
+            audit.agent_actor(node_id), "node.hostname_changed", node_id, old=node.hostname, new=hostname
+        )
+        node.hostname = hostname
+
+    known = {gpu.uuid: gpu for gpu in db.session.scalars(sa.select(Gpu).where(Gpu.node_id == node_id))}
+    reported = {gpu["uuid"]: gpu for gpu in gpus}
+    added = sorted(set(reported) - {uuid for uuid, gpu in known.items() if gpu.present})
+    removed = sorted(uuid for uuid, gpu in known.items() if gpu.present and uuid not in reported)
+    for uuid, fields in reported.items():
+        gpu = known.get(uuid)
+        if gpu is None:
+            gpu = Gpu(node_id=node_id, uuid=uuid, first_seen_at=now)
+            db.session.add(gpu)
+        for name in ("name", "memory_total_bytes", "driver_version", "cuda_driver_version", "pci_bus_id"):
+            setattr(gpu, name, fields.get(name))
+        gpu.present = True
+        gpu.last_seen_at = now
+    for uuid in removed:
+        known[uuid].present = False
+    if added or removed:
+        audit.record(audit.agent_actor(node_id), "node.gpus_changed", node_id, added=added, removed=removed)
+
+    lease = db.session.get(NodeLease, node_id)
+    lease.agent_version = versions.agent_version
+    lease.protocol_version = versions.protocol_version
+    lease.compatibility = versions.compatibility
+    lease.last_seen_at = now
+    db.session.commit()
+    return {"gpus": len(reported), "gpus_added": len(added), "gpus_removed": len(removed)}

@@ -1,0 +1,1 @@
+"""ModelForge test suite."""

@@ -1,0 +1,97 @@
+"""Shared fixtures: the app on real SQLite and real PostgreSQL, a client, and a real gunicorn."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from app import create_app
+from app.extensions import db
+from tests import support
+
+POSTGRES_URL_ENV = "MODELFORGE_TEST_POSTGRES_URL"
+REQUIRE_ALL_ENV = "MODELFORGE_TEST_REQUIRE_ALL"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI (MODELFORGE_TEST_REQUIRE_ALL=1) a skipped test is a failed test."""
+    report = yield
+    if os.environ.get(REQUIRE_ALL_ENV) == "1" and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped, but {REQUIRE_ALL_ENV}=1 requires every test to run: {report.longrepr}"
+    return report
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory) -> Path:
+    """A SQLite file migrated once with Alembic; each test gets a copy."""
+    path = tmp_path_factory.mktemp("template") / "template.sqlite3"
+    support.migrate(f"sqlite:///{path}", path.parent)
+    return path
+
+
+@pytest.fixture(scope="session")
+def postgres_database(tmp_path_factory):
+    """A throwaway PostgreSQL database for this test session, migrated once with Alembic."""
+    base_url = os.environ.get(POSTGRES_URL_ENV)
+    if not base_url:
+        pytest.skip(f"{POSTGRES_URL_ENV} is not set")
+    name = f"modelforge_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = sa.create_engine(base_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = sa.make_url(base_url).set(database=name).render_as_string(hide_password=False)
+    support.migrate(url, tmp_path_factory.mktemp("pg-instance"))
+    yield url
+    with admin.connect() as connection:
+        connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path) -> str:
+    """A clean, migrated database: a fresh SQLite copy, or the session's PostgreSQL truncated."""
+    if request.param == "sqlite":
+        path = tmp_path / "modelforge.sqlite3"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        return f"sqlite:///{path}"
+    url = request.getfixturevalue("postgres_database")
+    support.truncate_all(url)
+    return url
+
+
+@pytest.fixture
+def app(database_url, tmp_path):
+    """The control plane bound to the test database."""
+    application = create_app(support.app_env(database_url, tmp_path))
+    yield application
+    with application.app_context():
+        db.session.remove()
+        db.engine.dispose()
+
+
+@pytest.fixture
+def client(app):
+    """A Flask test client."""
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app):
+    """A Flask CLI runner."""
+    return app.test_cli_runner()
+
+
+@pytest.fixture
+def server(database_url, tmp_path):
+    """The real control plane under gunicorn (several sync workers) on a free loopback port."""
+    running = support.GunicornServer(database_url, tmp_path)
+    running.start()
+    yield running
+    running.stop()
