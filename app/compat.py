@@ -4,6 +4,7 @@ from __future__ import annotations
 
 PROTOCOL_VERSION = 1
 SUPPORTED_PROTOCOLS = (1,)
+MAX_PROTOCOL_VERSION = 65_535
 
 COMPATIBLE = "COMPATIBLE"
 TOO_OLD = "TOO_OLD"
@@ -25,6 +26,8 @@ def answer_for(protocol_version: object) -> str:
     # bool is an int in Python; `true` is not a protocol version.
     if not isinstance(protocol_version, int) or isinstance(protocol_version, bool):
         return UNKNOWN
+    if not 0 <= protocol_version <= MAX_PROTOCOL_VERSION:
+        return UNKNOWN  # not a version any agent could speak
     if protocol_version in SUPPORTED_PROTOCOLS:
         return COMPATIBLE
     return TOO_OLD if protocol_version < min(SUPPORTED_PROTOCOLS) else TOO_NEW

@@ -46,7 +46,9 @@ def test_mint_returns_the_token_once_and_stores_only_its_hash(app, client):
     (stored,) = rows(app, Enrollment)
     assert stored.token_hash == hashlib.sha256(token.encode()).hexdigest()
     with app.app_context():
-        dumped = json.dumps([list(row) for row in db.session.execute(sa.text("SELECT * FROM enrollments"))], default=str)
+        dumped = json.dumps(
+            [list(row) for row in db.session.execute(sa.text("SELECT * FROM enrollments"))], default=str
+        )
         audit_dump = json.dumps([event.to_dict() for event in db.session.scalars(sa.select(AuditEvent))])
     assert token not in dumped and token not in audit_dump
 
@@ -70,7 +72,10 @@ def test_mint_returns_the_token_once_and_stores_only_its_hash(app, client):
         ({"display_name": "n", "expires_in_seconds": True}, "expires_in_seconds"),
         ({"display_name": "n", "expires_in_seconds": 900, "labels": ["a"]}, "labels"),
         ({"display_name": "n", "expires_in_seconds": 900, "labels": {"site": 3}}, "labels.site"),
-        ({"display_name": "n", "expires_in_seconds": 900, "production_eligible": "yes"}, "production_eligible"),
+        (
+            {"display_name": "n", "expires_in_seconds": 900, "production_eligible": "yes"},
+            "production_eligible",
+        ),
         ({"display_name": "n", "expires_in_seconds": 900, "expire_in_seconds": 5}, "expire_in_seconds"),
         ({"display_name": "a\x00b", "expires_in_seconds": 900}, "display_name"),
     ],
@@ -106,7 +111,12 @@ def test_claim_gives_one_node_one_credential_and_spends_the_token(app, client):
 
     (node,) = rows(app, Node)
     assert (node.id, node.hostname, node.display_name) == (body["node_id"], "gpu-node-1", "GPU Node")
-    assert (node.role, node.labels, node.lab_eligible, node.production_eligible) == ("gpu", {"rack": "2"}, True, False)
+    assert (node.role, node.labels, node.lab_eligible, node.production_eligible) == (
+        "gpu",
+        {"rack": "2"},
+        True,
+        False,
+    )
     (credential,) = rows(app, Credential)
     assert credential.token_hash == hashlib.sha256(reply["credential"].encode()).hexdigest()
     consumed = client.get(f"{ENROLLMENTS}/{minted['id']}", headers=ADMIN).get_json()
@@ -135,7 +145,9 @@ def test_claim_through_another_origin_is_refused_and_the_token_survives(app, cli
     assert minted["token"] not in json.dumps(body)
     assert rows(app, Node) == []
     # E3: the right origin still works — the refusal did not spend the token.
-    ok = client.post("/api/v1/agent/enroll", json=factories.enroll_body(minted["token"], origin="http://LOCALHOST:80/"))
+    ok = client.post(
+        "/api/v1/agent/enroll", json=factories.enroll_body(minted["token"], origin="http://LOCALHOST:80/")
+    )
     assert ok.status_code == 201
 
 
@@ -194,11 +206,16 @@ def test_sweep_marks_expired_tokens_once_and_audits_each(app, client):
         db.session.commit()
         assert enrollment.sweep_expired() == 1
         assert enrollment.sweep_expired() == 0  # a second run changes nothing
-    states = {item["id"]: item["state"] for item in client.get(ENROLLMENTS, headers=ADMIN).get_json()["enrollments"]}
+    states = {
+        item["id"]: item["state"] for item in client.get(ENROLLMENTS, headers=ADMIN).get_json()["enrollments"]
+    }
     assert states == {expired["id"]: "expired", live["id"]: "pending"}
     expired_events = [e for e in rows(app, AuditEvent) if e.action == "enrollment.expired"]
     assert [e.details["enrollment_id"] for e in expired_events] == [expired["id"]]
-    assert client.get(ENROLLMENTS + "?state=expired", headers=ADMIN).get_json()["enrollments"][0]["id"] == expired["id"]
+    assert (
+        client.get(ENROLLMENTS + "?state=expired", headers=ADMIN).get_json()["enrollments"][0]["id"]
+        == expired["id"]
+    )
     bad = client.get(ENROLLMENTS + "?state=bogus", headers=ADMIN)
     assert bad.status_code == 400 and bad.get_json()["error"]["field"] == "state"
 
@@ -216,7 +233,15 @@ def test_only_pending_tokens_can_be_revoked(app, client):
 
 def test_incompatible_agent_gets_426_and_the_token_is_not_spent(app, client):
     minted = factories.mint(client)
-    for version, answer in [(2, "TOO_NEW"), (0, "TOO_OLD"), ("1", "UNKNOWN"), (None, "UNKNOWN")]:
+    cases = [
+        (2, "TOO_NEW"),
+        (0, "TOO_OLD"),
+        ("1", "UNKNOWN"),
+        (None, "UNKNOWN"),
+        (2**63, "UNKNOWN"),
+        (True, "UNKNOWN"),
+    ]
+    for version, answer in cases:
         body = factories.enroll_body(minted["token"], protocol_version=version)
         response = client.post("/api/v1/agent/enroll", json=body)
         assert response.status_code == 426
@@ -256,6 +281,9 @@ def test_second_node_id_with_same_hostname_is_flagged(client):
     node = client.get(f"/api/v1/hardware/nodes/{first['node_id']}", headers=ADMIN).get_json()
     assert node["suspected_duplicate_hostname"] is True
     lone = factories.enrolled_node(client, hostname="other")
-    assert client.get(f"/api/v1/hardware/nodes/{lone['node_id']}", headers=ADMIN).get_json()[
-        "suspected_duplicate_hostname"
-    ] is False
+    assert (
+        client.get(f"/api/v1/hardware/nodes/{lone['node_id']}", headers=ADMIN).get_json()[
+            "suspected_duplicate_hostname"
+        ]
+        is False
+    )

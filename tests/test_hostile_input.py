@@ -43,11 +43,14 @@ def snapshot(app):
     """Everything a bad request could have damaged."""
     with app.app_context():
         return {
-            model.__tablename__: db.session.execute(sa.select(sa.func.count()).select_from(model)).scalar_one()
+            model.__tablename__: db.session.execute(
+                sa.select(sa.func.count()).select_from(model)
+            ).scalar_one()
             for model in (Enrollment, NodeInventory, TelemetrySample, AuditEvent)
         } | {
             "lease": [
-                (lease.last_heartbeat_at, lease.health_status) for lease in db.session.scalars(sa.select(NodeLease))
+                (lease.last_heartbeat_at, lease.health_status)
+                for lease in db.session.scalars(sa.select(NodeLease))
             ]
         }
 
@@ -56,13 +59,21 @@ def snapshot(app):
 def enrolled(client):
     node = factories.enrolled_node(client)
     auth = factories.bearer(node["credential"])
-    assert client.post("/api/v1/agent/inventory", json=factories.inventory_body(), headers=auth).status_code == 200
-    assert client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=auth).status_code == 200
+    assert (
+        client.post("/api/v1/agent/inventory", json=factories.inventory_body(), headers=auth).status_code
+        == 200
+    )
+    assert (
+        client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=auth).status_code
+        == 200
+    )
     return node
 
 
 @pytest.mark.parametrize(("raw", "content_type", "status"), RAW_BODIES)
-@pytest.mark.parametrize("path", ["/api/v1/agent/heartbeat", "/api/v1/agent/inventory", "/api/v1/agent/enroll"])
+@pytest.mark.parametrize(
+    "path", ["/api/v1/agent/heartbeat", "/api/v1/agent/inventory", "/api/v1/agent/enroll"]
+)
 def test_malformed_agent_bodies(app, client, enrolled, path, raw, content_type, status):
     before = snapshot(app)
     response = client.post(
@@ -108,7 +119,9 @@ WRONG_HEARTBEATS = [
 def test_wrong_heartbeat_fields_are_named(app, client, enrolled, change, field):
     before = snapshot(app)
     body = {**factories.heartbeat_body(), **change}
-    response = client.post("/api/v1/agent/heartbeat", json=body, headers=factories.bearer(enrolled["credential"]))
+    response = client.post(
+        "/api/v1/agent/heartbeat", json=body, headers=factories.bearer(enrolled["credential"])
+    )
     error = assert_error(response, 400)
     assert (error["code"], error["field"]) == ("VALIDATION_FAILED", field)
     assert snapshot(app) == before
@@ -119,7 +132,10 @@ WRONG_INVENTORIES = [
     ({"inventory": []}, "inventory"),
     ({"inventory": {"gpus": "none"}}, "inventory.gpus"),
     ({"inventory": {"gpus": [{"name": "no uuid"}]}}, "inventory.gpus[0].uuid"),
-    ({"inventory": {"gpus": [factories.gpu(memory_total_bytes="16GB")]}}, "inventory.gpus[0].memory_total_bytes"),
+    (
+        {"inventory": {"gpus": [factories.gpu(memory_total_bytes="16GB")]}},
+        "inventory.gpus[0].memory_total_bytes",
+    ),
     ({"inventory": {"gpus": [factories.gpu(), factories.gpu()]}}, "inventory.gpus"),
     ({"inventory": {"hostname": 7, "gpus": []}}, "inventory.hostname"),
 ]
@@ -129,7 +145,9 @@ WRONG_INVENTORIES = [
 def test_wrong_inventory_fields_are_named(app, client, enrolled, change, field):
     before = snapshot(app)
     body = {**factories.inventory_body(), **change}
-    response = client.post("/api/v1/agent/inventory", json=body, headers=factories.bearer(enrolled["credential"]))
+    response = client.post(
+        "/api/v1/agent/inventory", json=body, headers=factories.bearer(enrolled["credential"])
+    )
     error = assert_error(response, 400)
     assert (error["code"], error["field"]) == ("VALIDATION_FAILED", field)
     assert snapshot(app) == before
@@ -162,7 +180,9 @@ def test_wrong_enroll_fields_are_named_and_do_not_spend_the_token(app, client, c
 )
 def test_bad_authorization_headers(app, client, enrolled, header):
     before = snapshot(app)
-    response = client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers={"Authorization": header})
+    response = client.post(
+        "/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers={"Authorization": header}
+    )
     assert_error(response, 401)
     assert snapshot(app) == before
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 from flask import Blueprint, Flask, current_app, jsonify, request
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
 from app.api.errors import ApiError, domain_error_response, error_response
 from app.config import Settings
+from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import csrf, db
 
@@ -30,6 +33,21 @@ _HTTP_CODES = {
     413: ("REQUEST_TOO_LARGE", "Send a smaller body."),
     415: ("UNSUPPORTED_MEDIA_TYPE", "Send Content-Type: application/json."),
 }
+
+
+@bp.before_request
+def _before_api_request():
+    """Refuse undocumented query parameters (A5); start GETs as readers, not writers."""
+    from app.api.openapi import query_parameters
+    from app.api.validation import invalid
+
+    if request.args and request.url_rule is not None:
+        path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", request.url_rule.rule)
+        unknown = sorted(set(request.args) - query_parameters(path, request.method.lower()))
+        if unknown:
+            raise invalid(unknown[0][:100], "is not a known query parameter")
+    if request.method in ("GET", "HEAD"):
+        begin_read_only()
 
 
 def init_app(app: Flask) -> None:

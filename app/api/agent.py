@@ -15,6 +15,7 @@ from app.timeutil import parse_rfc3339
 
 MAX_GPUS = 64
 HEALTH_STATES = ("ok", "degraded", "failing")
+METRICS = ("utilization_gpu_percent", "memory_used_bytes", "temperature_c", "power_w")
 GPU_FIELDS = ("name", "driver_version", "cuda_driver_version", "pci_bus_id")
 
 
@@ -128,6 +129,10 @@ def inventory():
 
 def _sample(fields: Fields, index: int, value: object) -> dict[str, object]:
     sample = fields.item("telemetry", index, value)
+    for metric in METRICS:
+        # P3: an unreadable metric is sent as null, never left out or made up.
+        if metric not in sample.data:
+            raise invalid(sample.name(metric), "is required (send null when NVML cannot read it)")
     sampled_at_text = sample.string("sampled_at", max_length=64)
     sampled_at = parse_rfc3339(sampled_at_text)
     if sampled_at is None:

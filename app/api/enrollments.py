@@ -56,7 +56,7 @@ def create_enrollment():
 @admin_required
 def list_enrollments():
     """Enrolments, newest first, without tokens; `?state=` filters."""
-    state = request.args.get("state") or None
+    state = request.args.get("state")
     if state is not None and state not in set(EnrollmentState):
         raise invalid("state", "must be one of " + ", ".join(EnrollmentState))
     return json_response({"enrollments": [item.to_dict() for item in enrollment.list_all(state)]})

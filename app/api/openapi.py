@@ -114,7 +114,7 @@ ENROLLMENT_CREATE = _obj(
         "display_name": {"type": "string", "minLength": 1, "maxLength": 200},
         "expires_in_seconds": {"type": "integer", "minimum": 60, "maximum": 86400},
         "role": {"type": ["string", "null"], "maxLength": 100},
-        "labels": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 200}},
+        "labels": {"type": ["object", "null"], "additionalProperties": {"type": "string", "maxLength": 200}},
         "production_eligible": {"type": "boolean", "default": False},
         "lab_eligible": {"type": "boolean", "default": False},
         "benchmark_eligible": {"type": "boolean", "default": False},
@@ -557,6 +557,13 @@ def document() -> dict:
             },
         },
     }
+
+
+@cache
+def query_parameters(path: str, method: str) -> frozenset[str]:
+    """The query parameters the document allows for one operation."""
+    operation = document()["paths"].get(path, {}).get(method, {})
+    return frozenset(param["name"] for param in operation.get("parameters", []) if param["in"] == "query")
 
 
 @bp.get("/openapi.json")

@@ -118,9 +118,9 @@ class Fields:
 
     def boolean(self, key: str, default: bool) -> bool:
         """An optional JSON boolean."""
-        value = self.data.get(key)
-        if value is None:
+        if key not in self.data:
             return default
+        value = self.data[key]
         if not isinstance(value, bool):
             raise invalid(self.name(key), "must be true or false")
         return value
@@ -144,9 +144,9 @@ class Fields:
 
     def array(self, key: str, *, max_items: int, required: bool = True) -> list[Any]:
         """A list of at most `max_items` items."""
-        value = self._get(key, required)
-        if value is None:
+        if key not in self.data and not required:
             return []
+        value = self._get(key, required)
         if not isinstance(value, list):
             raise invalid(self.name(key), "must be a list")
         if len(value) > max_items:

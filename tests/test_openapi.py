@@ -1,0 +1,116 @@
+"""The OpenAPI document and the code agree (spec "Wire format"): routes, and schemathesis."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from app import create_app
+from app.api.openapi import document
+from app.extensions import db
+from tests import factories
+from tests.support import ADMIN, app_env
+
+HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
+
+
+def test_document_is_openapi_3_1_and_served(client):
+    response = client.get("/api/v1/openapi.json")
+    assert response.status_code == 200
+    served = response.get_json()
+    assert served["openapi"].startswith("3.1")
+    assert served == document()
+
+
+def test_document_paths_match_the_registered_routes(app):
+    registered = set()
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint == "static":
+            continue
+        path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
+        registered |= {(path, method.lower()) for method in rule.methods - {"HEAD", "OPTIONS"}}
+    documented = {
+        (path, method)
+        for path, item in document()["paths"].items()
+        for method in item
+        if method in HTTP_METHODS
+    }
+    assert documented == registered
+
+
+def test_every_operation_documents_its_errors_and_auth():
+    for path, item in document()["paths"].items():
+        for method, operation in item.items():
+            if method not in HTTP_METHODS:
+                continue
+            if path.startswith("/api/v1/admin") or path.startswith("/api/v1/hardware"):
+                assert operation["security"] == [{"adminToken": []}], path
+            if path in {"/api/v1/agent/inventory", "/api/v1/agent/heartbeat"}:
+                assert operation["security"] == [{"nodeCredential": []}], path
+            if path != "/api/v1/openapi.json":
+                assert "default" in operation["responses"], path
+
+
+@pytest.fixture
+def fuzz_app(sqlite_template, tmp_path):
+    """A SQLite control plane with one enrolled node whose credential the fuzzer may use."""
+    path = tmp_path / "fuzz.sqlite3"
+    shutil.copyfile(sqlite_template, path)
+    application = create_app(app_env(f"sqlite:///{path}", tmp_path))
+    client = application.test_client()
+    node = factories.enrolled_node(client)
+    application.config["FUZZ_CREDENTIAL"] = node["credential"]
+    yield application
+    with application.app_context():
+        db.session.remove()
+        db.engine.dispose()
+
+
+# A 426 (protocol refused) and a 410 (token gone) are rejections too.
+REJECTIONS = ["400", "401", "403", "404", "405", "409", "410", "413", "415", "426"]
+
+
+@pytest.fixture
+def api_schema(fuzz_app):
+    config = SchemathesisConfig.from_dict(
+        {"checks": {"negative_data_rejection": {"expected-statuses": REJECTIONS}}}
+    )
+    return schemathesis.openapi.from_wsgi("/api/v1/openapi.json", fuzz_app, config=config)
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+)
+def test_api_conforms_to_its_document(case, fuzz_app):
+    """No 5xx, and every response matches the documented status codes, content type and schema."""
+    headers = dict(ADMIN)
+    if case.path in {"/api/v1/agent/inventory", "/api/v1/agent/heartbeat"}:
+        headers.update(factories.bearer(fuzz_app.config["FUZZ_CREDENTIAL"]))
+    case.call_and_validate(
+        headers=headers,
+        checks=[
+            not_a_server_error,
+            status_code_conformance,
+            content_type_conformance,
+            response_schema_conformance,
+            negative_data_rejection,
+        ],
+    )
