@@ -77,6 +77,18 @@ def app(database_url, tmp_path):
 
 
 @pytest.fixture
+def sqlite_app(sqlite_template, tmp_path):
+    """The control plane on a fresh SQLite copy only, for SQLite-specific behaviour."""
+    path = tmp_path / "sqlite-only.sqlite3"
+    shutil.copyfile(sqlite_template, path)
+    application = create_app(support.app_env(f"sqlite:///{path}", tmp_path))
+    yield application
+    with application.app_context():
+        db.session.remove()
+        db.engine.dispose()
+
+
+@pytest.fixture
 def client(app):
     """A Flask test client."""
     return app.test_client()

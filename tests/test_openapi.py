@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 import schemathesis
@@ -17,11 +16,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from app import create_app
 from app.api.openapi import document
-from app.extensions import db
 from tests import factories
-from tests.support import ADMIN, app_env
+from tests.support import ADMIN
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 
@@ -64,18 +61,11 @@ def test_every_operation_documents_its_errors_and_auth():
 
 
 @pytest.fixture
-def fuzz_app(sqlite_template, tmp_path):
+def fuzz_app(sqlite_app):
     """A SQLite control plane with one enrolled node whose credential the fuzzer may use."""
-    path = tmp_path / "fuzz.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    application = create_app(app_env(f"sqlite:///{path}", tmp_path))
-    client = application.test_client()
-    node = factories.enrolled_node(client)
-    application.config["FUZZ_CREDENTIAL"] = node["credential"]
-    yield application
-    with application.app_context():
-        db.session.remove()
-        db.engine.dispose()
+    node = factories.enrolled_node(sqlite_app.test_client())
+    sqlite_app.config["FUZZ_CREDENTIAL"] = node["credential"]
+    return sqlite_app
 
 
 # A 426 (protocol refused) and a 410 (token gone) are rejections too.

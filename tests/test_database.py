@@ -1,0 +1,90 @@
+"""The database layer: SQLite tuning, writers that wait, constraints, migrations = models."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.exc import IntegrityError
+
+from app.extensions import db
+from app.models import Credential, Node
+from app.timeutil import utcnow
+
+
+def test_migrated_schema_matches_the_models(app):
+    with app.app_context(), db.engine.connect() as connection:
+        context = MigrationContext.configure(connection)
+        assert compare_metadata(context, db.metadata) == []
+        assert context.get_current_revision() == "0001_initial"
+
+
+def test_sqlite_runs_in_wal_with_foreign_keys_and_a_busy_timeout(sqlite_app):
+    with sqlite_app.app_context(), db.engine.connect() as connection:
+        pragma = lambda name: connection.exec_driver_sql(f"PRAGMA {name}").scalar()  # noqa: E731
+        assert pragma("journal_mode") == "wal"
+        assert pragma("foreign_keys") == 1
+        assert pragma("synchronous") == 1  # NORMAL
+        assert pragma("busy_timeout") == 30000
+
+
+def test_concurrent_sqlite_writers_wait_instead_of_failing(sqlite_app):
+    with sqlite_app.app_context():
+        db.session.add(Node(id="n-1", display_name="n", hostname="h"))
+        db.session.commit()
+        engine = db.engine
+    holding = threading.Event()
+    errors: list[BaseException] = []
+
+    def slow_writer():
+        with engine.begin() as connection:  # BEGIN IMMEDIATE: takes the write lock now
+            connection.execute(sa.text("UPDATE nodes SET display_name = 'slow' WHERE id = 'n-1'"))
+            holding.set()
+            time.sleep(0.5)
+
+    def second_writer():
+        holding.wait()
+        try:
+            with engine.begin() as connection:
+                # A deferred transaction would read, then fail to upgrade with SQLITE_BUSY.
+                connection.execute(sa.text("SELECT display_name FROM nodes")).all()
+                connection.execute(sa.text("UPDATE nodes SET display_name = 'second' WHERE id = 'n-1'"))
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=slow_writer), threading.Thread(target=second_writer)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT display_name FROM nodes")).scalar() == "second"
+
+
+def test_the_database_refuses_a_second_active_credential(app):
+    with app.app_context():
+        db.session.add(Node(id="n-1", display_name="n", hostname="h"))
+        db.session.flush()
+        db.session.add(Credential(node_id="n-1", token_hash="a" * 64, prefix="mfn_a"))
+        db.session.commit()
+        db.session.add(Credential(node_id="n-1", token_hash="b" * 64, prefix="mfn_b"))
+        with pytest.raises(IntegrityError):
+            db.session.commit()
+        db.session.rollback()
+        # A revoked one does not count (I5).
+        db.session.add(Credential(node_id="n-1", token_hash="c" * 64, prefix="mfn_c", revoked_at=utcnow()))
+        db.session.commit()
+
+
+def test_timestamps_come_back_timezone_aware_utc(app):
+    with app.app_context():
+        db.session.add(Node(id="n-1", display_name="n", hostname="h"))
+        db.session.commit()
+        db.session.expire_all()
+        node = db.session.get(Node, "n-1")
+        assert node.created_at.utcoffset().total_seconds() == 0
