@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import sqlite3
+import threading
+
 import sqlalchemy as sa
 from flask import Flask
 
@@ -10,11 +15,87 @@ from app.extensions import db
 READ_ONLY = "modelforge_read_only"
 
 
+class WriterQueue:
+    """Queues SQLite writers of every process on one file lock, so a waiting writer wakes the
+    moment the lock is free.
+
+    SQLite's own busy handler polls with sleeps of 1, 2, 5 … 100 ms, so under several gunicorn
+    workers a heartbeat could sleep far longer than the write it waits for. A kernel `flock`
+    hands the lock straight to the next waiter. SQLite's busy timeout stays as the fallback for
+    writers that do not use this queue (another tool on the same file).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._pid: int | None = None
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Wait for this process's turn, then for the file lock."""
+        self._thread_lock.acquire()
+        if self._depth == 0:
+            if self._pid != os.getpid():  # after a fork, open our own description
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                self._pid = os.getpid()
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._depth += 1
+
+    def release(self) -> None:
+        """Let the next writer in."""
+        self._depth -= 1
+        if self._depth == 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._thread_lock.release()
+
+
+def _queued_connection_class(queue: WriterQueue) -> type[sqlite3.Connection]:
+    class QueuedConnection(sqlite3.Connection):
+        """A sqlite3 connection that leaves the writer queue when its transaction ends."""
+
+        writer_queue = queue
+        holds_writer_lock = False
+
+        def _leave_queue(self) -> None:
+            if self.holds_writer_lock:
+                self.holds_writer_lock = False
+                queue.release()
+
+        def commit(self) -> None:
+            try:
+                super().commit()
+            finally:
+                self._leave_queue()
+
+        def rollback(self) -> None:
+            try:
+                super().rollback()
+            finally:
+                self._leave_queue()
+
+        def close(self) -> None:
+            try:
+                super().close()
+            finally:
+                self._leave_queue()
+
+    return QueuedConnection
+
+
 def engine_options(database_url: str) -> dict[str, object]:
     """SQLAlchemy engine options for the configured database."""
     if database_url.startswith("sqlite"):
+        path = sa.make_url(database_url).database
+        queue = WriterQueue(f"{path}.writer-lock")
         # The driver's timeout is SQLite's busy timeout: a writer waits up to 30 s for the lock.
-        return {"connect_args": {"timeout": 30, "check_same_thread": False}}
+        return {
+            "connect_args": {
+                "timeout": 30,
+                "check_same_thread": False,
+                "factory": _queued_connection_class(queue),
+            }
+        }
     return {"pool_pre_ping": True, "pool_size": 5, "max_overflow": 10}
 
 
@@ -37,8 +118,13 @@ def _tune_sqlite(engine: sa.Engine) -> None:
         # Read-only requests opt out so readers never queue behind writers (WAL lets them run).
         if connection.get_execution_options().get(READ_ONLY):
             connection.exec_driver_sql("BEGIN DEFERRED")
-        else:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            return
+        dbapi_connection = connection.connection.dbapi_connection
+        queue = getattr(dbapi_connection, "writer_queue", None)
+        if queue is not None and not dbapi_connection.holds_writer_lock:
+            queue.acquire()
+            dbapi_connection.holds_writer_lock = True
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def init_app(app: Flask) -> None:

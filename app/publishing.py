@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import sqlalchemy as sa
 
@@ -21,15 +22,44 @@ class Publisher:
     lease_status: str | None
 
 
+# The heartbeat hot path runs prebuilt Core statements on the session's connection: the ORM's
+# per-call statement construction cost more than the database work (bench/heartbeat.py).
+_credentials = Credential.__table__
+_nodes = Node.__table__
+_leases = NodeLease.__table__
+_AUTHENTICATE = (
+    sa.select(
+        _credentials.c.token_hash, _credentials.c.revoked_at, _nodes.c.id, _nodes.c.disabled, _leases.c.status
+    )
+    .select_from(
+        _credentials.join(_nodes, _nodes.c.id == _credentials.c.node_id).outerjoin(
+            _leases, _leases.c.node_id == _nodes.c.id
+        )
+    )
+    .where(_credentials.c.token_hash == sa.bindparam("digest"))
+)
+_VERSION_COLUMNS = ("agent_version", "protocol_version", "compatibility", "last_seen_at")
+_NOTE_VERSIONS = (
+    _leases.update()
+    .where(_leases.c.node_id == sa.bindparam("lease_node_id"))
+    .values({name: sa.bindparam(name) for name in _VERSION_COLUMNS})
+)
+_HEARTBEAT = (
+    _leases.update()
+    .where(_leases.c.node_id == sa.bindparam("lease_node_id"))
+    .values(
+        {
+            name: sa.bindparam(name)
+            for name in (*_VERSION_COLUMNS, "last_heartbeat_at", "status", "health_status", "health_detail")
+        }
+    )
+)
+_INSERT_SAMPLES = TelemetrySample.__table__.insert()
+
+
 def authenticate(secret: str) -> Publisher:
     """Find the node for a bearer credential by its indexed hash — never a scan (P2, I5, I6)."""
-    presented = tokens.digest(secret)
-    row = db.session.execute(
-        sa.select(Credential.token_hash, Credential.revoked_at, Node.id, Node.disabled, NodeLease.status)
-        .join(Node, Node.id == Credential.node_id)
-        .outerjoin(NodeLease, NodeLease.node_id == Node.id)
-        .where(Credential.token_hash == presented)
-    ).one_or_none()
+    row = db.session.connection().execute(_AUTHENTICATE, {"digest": tokens.digest(secret)}).one_or_none()
     # The index found the row; compare_digest keeps the final check constant-time.
     if row is None or not tokens.same_digest(row.token_hash, secret):
         raise DomainError(
@@ -57,8 +87,17 @@ class Versions:
     """The versions an agent request carries (A1)."""
 
     agent_version: str
-    protocol_version: int
+    protocol_version: int | None
     compatibility: str
+
+    def columns(self, now: datetime) -> dict[str, object]:
+        """The lease columns that remember what the agent last sent."""
+        return {
+            "agent_version": self.agent_version,
+            "protocol_version": self.protocol_version,
+            "compatibility": self.compatibility,
+            "last_seen_at": now,
+        }
 
 
 def record_heartbeat(
@@ -70,24 +109,21 @@ def record_heartbeat(
 ) -> None:
     """L2: one narrow lease UPDATE (liveness) and one batch INSERT (telemetry), one commit."""
     now = utcnow()
-    db.session.execute(
-        sa.update(NodeLease)
-        .where(NodeLease.node_id == publisher.node_id)
-        .values(
-            last_heartbeat_at=now,
-            last_seen_at=now,
-            status="online",
-            health_status=health_status,
-            health_detail=health_detail,
-            agent_version=versions.agent_version,
-            protocol_version=versions.protocol_version,
-            compatibility=versions.compatibility,
-        )
-        .execution_options(synchronize_session=False)
+    connection = db.session.connection()
+    connection.execute(
+        _HEARTBEAT,
+        {
+            "lease_node_id": publisher.node_id,
+            **versions.columns(now),
+            "last_heartbeat_at": now,
+            "status": "online",
+            "health_status": health_status,
+            "health_detail": health_detail,
+        },
     )
     if samples:
-        db.session.execute(
-            sa.insert(TelemetrySample),
+        connection.execute(
+            _INSERT_SAMPLES,
             [{**sample, "node_id": publisher.node_id, "received_at": now} for sample in samples],
         )
     if publisher.lease_status != "online":
@@ -100,17 +136,7 @@ def record_heartbeat(
 
 def note_versions(node_id: str, versions: Versions) -> None:
     """Remember what an agent last sent, even when refused, so the console can show it (A1)."""
-    db.session.execute(
-        sa.update(NodeLease)
-        .where(NodeLease.node_id == node_id)
-        .values(
-            agent_version=versions.agent_version,
-            protocol_version=versions.protocol_version,
-            compatibility=versions.compatibility,
-            last_seen_at=utcnow(),
-        )
-        .execution_options(synchronize_session=False)
-    )
+    db.session.connection().execute(_NOTE_VERSIONS, {"lease_node_id": node_id, **versions.columns(utcnow())})
     db.session.commit()
 
 
@@ -153,10 +179,6 @@ def record_inventory(
     if added or removed:
         audit.record(audit.agent_actor(node_id), "node.gpus_changed", node_id, added=added, removed=removed)
 
-    lease = db.session.get(NodeLease, node_id)
-    lease.agent_version = versions.agent_version
-    lease.protocol_version = versions.protocol_version
-    lease.compatibility = versions.compatibility
-    lease.last_seen_at = now
+    db.session.connection().execute(_NOTE_VERSIONS, {"lease_node_id": node_id, **versions.columns(now)})
     db.session.commit()
     return {"gpus": len(reported), "gpus_added": len(added), "gpus_removed": len(removed)}

@@ -13,6 +13,7 @@ from flask import request
 from app.api.errors import ApiError
 
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _reject_constant(name: str) -> float:
@@ -90,7 +91,7 @@ class Fields:
             return None
         if len(value) > max_length:
             raise invalid(self.name(key), f"must be at most {max_length} characters")
-        if any(ord(char) < 32 or ord(char) == 127 for char in value):
+        if _CONTROL_CHARS.search(value):
             raise invalid(self.name(key), "must not contain control characters")
         return value
 
