@@ -1,1 +1,970 @@
-"""stub"""
+"""ModelForge node agent: one file that runs on every GPU host and only ever dials out.
+
+Sections: constants, configuration, NVML and preflight, inventory, state, HTTP client,
+publishing loop, command line. Standard library + requests + nvidia-ml-py only.
+
+    python3 -m modelforge_node_agent [--preflight] [--once] [--version]
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import glob
+import hashlib
+import importlib
+import json
+import logging
+import os
+import platform
+import random
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+# --------------------------------------------------------------------------- constants
+
+AGENT_VERSION = "0.1.0"
+PROTOCOL_VERSION = 1
+
+EXIT_OK = 0
+EXIT_CONFIG = 2
+EXIT_PREFLIGHT = 3
+EXIT_ENROLLMENT_REFUSED = 4
+EXIT_CREDENTIAL_REVOKED = 5
+
+NVIDIA_NVML_UNAVAILABLE = "NVIDIA_NVML_UNAVAILABLE"
+NVIDIA_DEVICE_NOT_FOUND = "NVIDIA_DEVICE_NOT_FOUND"
+NVIDIA_TELEMETRY_UNAVAILABLE = "NVIDIA_TELEMETRY_UNAVAILABLE"
+
+BACKOFF_MIN_SECONDS = 1.0
+BACKOFF_MAX_SECONDS = 16.0
+INVENTORY_CHECK_SECONDS = 60.0
+INVENTORY_MAX_AGE_SECONDS = 3600.0
+# Example hosts from our docs: an agent pointed at one was never configured.
+PLACEHOLDER_HOSTS = ("modelforge.example", "example.com", "example.internal")
+
+log = logging.getLogger("modelforge_node_agent")
+
+# --------------------------------------------------------------------------- configuration
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid; the message names the variable (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The agent's settings, from MODELFORGE_AGENT_* variables."""
+
+    control_plane_url: str | None
+    enrollment_token: str | None
+    display_name: str | None
+    hostname: str
+    accelerator_mode: str
+    tls_verify: bool
+    ca_cert_path: str | None
+    identity_mode: str
+    state_dir: Path
+    data_dirs: dict[str, Path]
+
+    @property
+    def verify(self) -> bool | str:
+        """What requests should verify the control plane's certificate with."""
+        if self.ca_cert_path:
+            return self.ca_cert_path
+        return self.tls_verify
+
+
+def _env_bool(env: dict[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in {"1", "true", "yes", "on"}:
+        return True
+    if raw in {"0", "false", "no", "off"}:
+        return False
+    raise ConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _control_plane_url(env: dict[str, str]) -> str:
+    name = "MODELFORGE_AGENT_CONTROL_PLANE_URL"
+    url = env.get(name, "").strip().rstrip("/")
+    if not url:
+        raise ConfigError(f"{name} is not set; set it to the control plane's https:// address")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        raise ConfigError(f"{name} is not a valid URL: {url!r}") from None
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ConfigError(f"{name} must be an http(s) URL such as https://modelforge.lan, got {url!r}")
+    if any(parts.hostname == host or parts.hostname.endswith("." + host) for host in PLACEHOLDER_HOSTS):
+        raise ConfigError(
+            f"{name} is still the example placeholder ({parts.hostname}); set it to your control plane"
+        )
+    return url
+
+
+def load_config(env: dict[str, str], *, need_url: bool = True) -> Config:
+    """Read and validate the agent's environment."""
+    mode = env.get("MODELFORGE_AGENT_ACCELERATOR_MODE", "auto").strip().lower() or "auto"
+    if mode not in {"nvidia", "cpu", "auto"}:
+        raise ConfigError(f"MODELFORGE_AGENT_ACCELERATOR_MODE must be nvidia, cpu or auto, got {mode!r}")
+    identity_mode = env.get("MODELFORGE_AGENT_IDENTITY_MODE", "persisted").strip() or "persisted"
+    if identity_mode != "persisted":
+        raise ConfigError(f"MODELFORGE_AGENT_IDENTITY_MODE supports only 'persisted', got {identity_mode!r}")
+    tls_verify = _env_bool(env, "MODELFORGE_AGENT_TLS_VERIFY", True)
+    ca_cert_path = env.get("MODELFORGE_AGENT_CA_CERT_PATH", "").strip() or None
+    if ca_cert_path and not os.access(ca_cert_path, os.R_OK):
+        raise ConfigError(f"MODELFORGE_AGENT_CA_CERT_PATH={ca_cert_path} is not a readable file")
+    if ca_cert_path and not tls_verify:
+        raise ConfigError(
+            "MODELFORGE_AGENT_TLS_VERIFY=false contradicts MODELFORGE_AGENT_CA_CERT_PATH"
+        )
+    dirs = {
+        "state": Path(env.get("MODELFORGE_AGENT_STATE_DIR") or "/data/state"),
+        "hf-cache": Path(env.get("MODELFORGE_AGENT_HF_CACHE_DIR") or "/data/hf-cache"),
+        "artifacts": Path(env.get("MODELFORGE_AGENT_ARTIFACT_DIR") or "/data/artifacts"),
+        "quarantine": Path(env.get("MODELFORGE_AGENT_QUARANTINE_DIR") or "/data/quarantine"),
+    }
+    return Config(
+        control_plane_url=_control_plane_url(env) if need_url else None,
+        enrollment_token=env.get("MODELFORGE_AGENT_ENROLLMENT_TOKEN", "").strip() or None,
+        display_name=env.get("MODELFORGE_AGENT_DISPLAY_NAME", "").strip() or None,
+        hostname=env.get("MODELFORGE_AGENT_HOSTNAME", "").strip() or socket.gethostname(),
+        accelerator_mode=mode,
+        tls_verify=tls_verify,
+        ca_cert_path=ca_cert_path,
+        identity_mode=identity_mode,
+        state_dir=dirs["state"],
+        data_dirs=dirs,
+    )
+
+
+def ensure_state_dir(config: Config) -> None:
+    """Create the state directory (0700) and prove it is writable, or raise ConfigError."""
+    try:
+        config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        probe = tempfile.NamedTemporaryFile(dir=config.state_dir, prefix=".probe-", delete=True)
+        probe.close()
+    except OSError as error:
+        raise ConfigError(
+            f"MODELFORGE_AGENT_STATE_DIR={config.state_dir} is not writable ({error.strerror}); "
+            "mount a durable volume there"
+        ) from None
+
+
+# --------------------------------------------------------------------------- NVML and preflight
+
+
+class Nvml:
+    """NVML behind one wrapper: lazy init under a lock, shutdown at exit, per-call errors kept."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._module = None
+
+    def module(self):
+        """Import and initialise pynvml once; raises ImportError or NVMLError."""
+        with self._lock:
+            if self._module is None:
+                pynvml = importlib.import_module("pynvml")
+                pynvml.nvmlInit()
+                atexit.register(self.shutdown)
+                self._module = pynvml
+            return self._module
+
+    def shutdown(self) -> None:
+        """Release NVML; errors at exit are of no use to anyone."""
+        with self._lock:
+            if self._module is not None:
+                try:
+                    self._module.nvmlShutdown()
+                except self._module.NVMLError:
+                    pass
+                self._module = None
+
+    @staticmethod
+    def _text(value) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def _call(self, errors: dict[str, str], name: str, function, *args):
+        """One NVML call; an NVMLError becomes an error record instead of a crash."""
+        pynvml = self._module
+        try:
+            return function(*args)
+        except pynvml.NVMLError as error:
+            errors[name] = type(error).__name__
+            return None
+
+    def gpus(self) -> list[dict[str, object]]:
+        """Inventory facts for every GPU NVML reports."""
+        pynvml = self.module()
+        system_errors: dict[str, str] = {}
+        driver = self._call(system_errors, "driver_version", pynvml.nvmlSystemGetDriverVersion)
+        cuda = self._call(system_errors, "cuda_driver_version", pynvml.nvmlSystemGetCudaDriverVersion)
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            errors = dict(system_errors)
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid_ = self._call(errors, "uuid", pynvml.nvmlDeviceGetUUID, handle)
+            name = self._call(errors, "name", pynvml.nvmlDeviceGetName, handle)
+            memory = self._call(errors, "memory_total_bytes", pynvml.nvmlDeviceGetMemoryInfo, handle)
+            pci = self._call(errors, "pci_bus_id", pynvml.nvmlDeviceGetPciInfo, handle)
+            gpus.append(
+                {
+                    "index": index,
+                    "uuid": self._text(uuid_) if uuid_ is not None else None,
+                    "name": self._text(name) if name is not None else None,
+                    "memory_total_bytes": int(memory.total) if memory is not None else None,
+                    "driver_version": self._text(driver) if driver is not None else None,
+                    "cuda_driver_version": (
+                        f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else None
+                    ),
+                    "pci_bus_id": self._text(pci.busId) if pci is not None else None,
+                    "unknown_reasons": errors,
+                }
+            )
+        return gpus
+
+    def sample(self, index: int, gpu_uuid: str) -> tuple[dict[str, object], dict[str, str]]:
+        """Read one GPU's telemetry now; a metric NVML cannot read is None with its error."""
+        pynvml = self.module()
+        errors: dict[str, str] = {}
+        handle = self._call(errors, "handle", pynvml.nvmlDeviceGetHandleByIndex, index)
+        metrics: dict[str, object] = dict.fromkeys(TELEMETRY_METRICS)
+        if handle is not None:
+            utilization = self._call(
+                errors, "utilization_gpu_percent", pynvml.nvmlDeviceGetUtilizationRates, handle
+            )
+            memory = self._call(errors, "memory_used_bytes", pynvml.nvmlDeviceGetMemoryInfo, handle)
+            temperature = self._call(
+                errors, "temperature_c", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
+            )
+            power = self._call(errors, "power_w", pynvml.nvmlDeviceGetPowerUsage, handle)
+            metrics = {
+                "utilization_gpu_percent": float(utilization.gpu) if utilization is not None else None,
+                "memory_used_bytes": int(memory.used) if memory is not None else None,
+                "temperature_c": float(temperature) if temperature is not None else None,
+                "power_w": round(power / 1000.0, 3) if power is not None else None,  # NVML gives mW
+            }
+        sample = {"gpu_uuid": gpu_uuid, "sampled_at": rfc3339_now(), **metrics}
+        return sample, errors
+
+
+TELEMETRY_METRICS = ("utilization_gpu_percent", "memory_used_bytes", "temperature_c", "power_w")
+# N1: a GPU whose utilisation and memory cannot be read gives the scheduler nothing to go on.
+REQUIRED_METRICS = ("utilization_gpu_percent", "memory_used_bytes")
+
+
+def rfc3339_now() -> str:
+    """The current UTC time in RFC 3339."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Preflight:
+    """The outcome of the NVIDIA preflight (N1–N3)."""
+
+    nvidia_required: bool
+    reason: str
+    code: str | None = None
+    hint: str | None = None
+    gpus: list[dict[str, object]] = field(default_factory=list)
+    samples: list[dict[str, object]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the agent may go on to enrol and publish."""
+        return self.code is None
+
+
+def nvidia_devices_seen(env: dict[str, str], root: str = "/") -> str | None:
+    """N1 `auto`: why NVIDIA hardware is expected here, or None."""
+    devices = sorted(glob.glob(os.path.join(root, "dev", "nvidia*")))
+    if devices:
+        return f"found {os.path.basename(devices[0])} under {os.path.join(root, 'dev')}"
+    visible = env.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    if visible and visible.lower() not in {"void", "none"}:
+        return f"NVIDIA_VISIBLE_DEVICES={visible}"
+    return None
+
+
+def run_preflight(mode: str, nvml: Nvml, env: dict[str, str], root: str = "/") -> Preflight:
+    """Decide whether NVML is required and, if so, that it works for every GPU (N1, N2)."""
+    if mode == "cpu":
+        return Preflight(False, "MODELFORGE_AGENT_ACCELERATOR_MODE=cpu: NVML is never loaded")
+    if mode == "auto":
+        seen = nvidia_devices_seen(env, root)
+        if seen is None:
+            return Preflight(
+                False, "auto: no /dev/nvidia* devices and no NVIDIA_VISIBLE_DEVICES; CPU-only node"
+            )
+        reason = f"auto: {seen}, so NVML is required"
+    else:
+        reason = "MODELFORGE_AGENT_ACCELERATOR_MODE=nvidia: NVML is required"
+    try:
+        pynvml = importlib.import_module("pynvml")
+    except ImportError:
+        return Preflight(
+            True,
+            reason,
+            NVIDIA_NVML_UNAVAILABLE,
+            "the pynvml module (nvidia-ml-py) is not installed in this image",
+        )
+    try:
+        nvml.module()
+    except pynvml.NVMLError as error:
+        return Preflight(
+            True,
+            reason,
+            NVIDIA_NVML_UNAVAILABLE,
+            f"{type(error).__name__}: libnvidia-ml.so.1 could not be used; run the container with the "
+            "NVIDIA Container Toolkit (--gpus all or a device reservation) on a glibc-based image",
+        )
+    try:
+        gpus = nvml.gpus()
+    except pynvml.NVMLError as error:
+        return Preflight(True, reason, NVIDIA_DEVICE_NOT_FOUND, f"{type(error).__name__} while listing GPUs")
+    if not gpus:
+        return Preflight(
+            True,
+            reason,
+            NVIDIA_DEVICE_NOT_FOUND,
+            "NVML reports no GPU; check NVIDIA_VISIBLE_DEVICES and nvidia-smi",
+        )
+    result = Preflight(True, reason, gpus=gpus)
+    for gpu in gpus:
+        if gpu["uuid"] is None:
+            result.code, result.hint = NVIDIA_DEVICE_NOT_FOUND, f"GPU {gpu['index']} has no readable UUID"
+            return result
+        sample, errors = nvml.sample(int(gpu["index"]), str(gpu["uuid"]))
+        missing = [metric for metric in REQUIRED_METRICS if sample[metric] is None]
+        if missing:
+            detail = ", ".join(
+                f"{metric}: {errors.get(metric, errors.get('handle', 'unreadable'))}" for metric in missing
+            )
+            result.code = NVIDIA_TELEMETRY_UNAVAILABLE
+            result.hint = f"GPU {gpu['uuid']} telemetry unreadable ({detail})"
+            return result
+        result.samples.append(sample)
+    return result
+
+
+def preflight_report(result: Preflight) -> str:
+    """A short human report of the preflight."""
+    lines = [f"modelforge-node-agent {AGENT_VERSION} preflight", f"  accelerator: {result.reason}"]
+    for gpu in result.gpus:
+        memory = gpu["memory_total_bytes"]
+        memory_text = f"{memory / 2**30:.1f} GiB" if isinstance(memory, int) else "unknown"
+        lines.append(
+            f"  GPU {gpu['index']}: {gpu['name']} {gpu['uuid']} {memory_text} "
+            f"driver {gpu['driver_version']} CUDA {gpu['cuda_driver_version']} PCI {gpu['pci_bus_id']}"
+        )
+    for sample in result.samples:
+        lines.append(
+            f"  telemetry {sample['gpu_uuid']}: util {sample['utilization_gpu_percent']}% "
+            f"mem {sample['memory_used_bytes']}B temp {sample['temperature_c']}C power {sample['power_w']}W"
+        )
+    if result.ok:
+        lines.append("  result: PASS")
+    else:
+        lines.append(f"  result: FAIL {result.code}: {result.hint}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- inventory
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def os_release(root: str = "/") -> str | None:
+    """PRETTY_NAME from os-release, or None."""
+    for path in ("etc/os-release", "usr/lib/os-release"):
+        text = _read(os.path.join(root, path))
+        if text is None:
+            continue
+        for line in text.splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
+    return None
+
+
+def cpu_model(root: str = "/") -> str | None:
+    """The first `model name` in /proc/cpuinfo, or None."""
+    text = _read(os.path.join(root, "proc/cpuinfo")) or ""
+    for line in text.splitlines():
+        if line.lower().startswith(("model name", "hardware", "cpu model")):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cgroup_cpu_limit(root: str = "/") -> float | None:
+    """CPUs allowed by the container's cgroup (v2 cpu.max, v1 cfs quota), or None if unlimited."""
+    text = _read(os.path.join(root, "sys/fs/cgroup/cpu.max"))
+    if text:
+        quota, _, period = text.partition(" ")
+        if quota != "max" and period:
+            return int(quota) / int(period)
+        return None
+    for base in ("sys/fs/cgroup/cpu", "sys/fs/cgroup/cpu,cpuacct"):
+        quota = _read(os.path.join(root, base, "cpu.cfs_quota_us"))
+        period = _read(os.path.join(root, base, "cpu.cfs_period_us"))
+        if quota and period and int(quota) > 0:
+            return int(quota) / int(period)
+    return None
+
+
+def cgroup_memory_limit(root: str = "/") -> int | None:
+    """Bytes allowed by the container's cgroup (v2 memory.max, v1 limit_in_bytes), or None."""
+    text = _read(os.path.join(root, "sys/fs/cgroup/memory.max"))
+    if text:
+        return None if text == "max" else int(text)
+    text = _read(os.path.join(root, "sys/fs/cgroup/memory/memory.limit_in_bytes"))
+    # cgroup v1 writes a page-rounded 2**63 when there is no limit.
+    if text and int(text) < 2**60:
+        return int(text)
+    return None
+
+
+def host_memory_bytes(root: str = "/") -> int | None:
+    """MemTotal from /proc/meminfo, or None."""
+    for line in (_read(os.path.join(root, "proc/meminfo")) or "").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def storage(directories: dict[str, Path]) -> dict[str, dict[str, object]]:
+    """Total and free bytes of the named data directories only (N4)."""
+    facts = {}
+    for name, path in directories.items():
+        try:
+            stats = os.statvfs(path)
+        except OSError as error:
+            facts[name] = {
+                "path": str(path),
+                "total_bytes": None,
+                "free_bytes": None,
+                "unknown_reason": error.strerror,
+            }
+            continue
+        facts[name] = {
+            "path": str(path),
+            "total_bytes": stats.f_blocks * stats.f_frsize,
+            "free_bytes": stats.f_bavail * stats.f_frsize,
+        }
+    return facts
+
+
+def collect_inventory(config: Config, gpus: list[dict[str, object]], root: str = "/") -> dict[str, object]:
+    """N4 facts as this container really has them; unknowns are None with a reason."""
+    unknown: dict[str, str] = {}
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = os.cpu_count()
+    cpu_limit = cgroup_cpu_limit(root)
+    cpu_count = min(affinity, cpu_limit) if cpu_limit is not None and affinity else affinity
+    host_memory = host_memory_bytes(root)
+    memory_limit = cgroup_memory_limit(root)
+    memory = min(filter(None, (host_memory, memory_limit)), default=None)
+    if memory is None:
+        unknown["memory_total_bytes"] = "neither /proc/meminfo nor a cgroup memory limit was readable"
+    model = cpu_model(root)
+    if model is None:
+        unknown["cpu_model"] = "no model name in /proc/cpuinfo"
+    release = os_release(root)
+    if release is None:
+        unknown["os"] = "no os-release file"
+    return {
+        "hostname": config.hostname,
+        "os": release,
+        "kernel": platform.release() or None,
+        "architecture": platform.machine() or None,
+        "cpu_model": model,
+        "cpu_count": round(cpu_count, 2) if isinstance(cpu_count, float) else cpu_count,
+        "cpu_limited_by_cgroup": cpu_limit is not None,
+        "memory_total_bytes": memory,
+        "memory_limited_by_cgroup": memory_limit is not None
+        and (host_memory is None or memory_limit < host_memory),
+        "storage": storage(config.data_dirs),
+        "accelerator_mode": config.accelerator_mode,
+        "gpus": [
+            {key: value for key, value in gpu.items() if key not in {"index", "unknown_reasons"}}
+            for gpu in gpus
+        ],
+        "gpu_unknown_reasons": {
+            gpu["uuid"]: gpu["unknown_reasons"] for gpu in gpus if gpu["unknown_reasons"]
+        },
+        "unknown_reasons": unknown,
+        "agent": {"version": AGENT_VERSION, "python": platform.python_version()},
+    }
+
+
+# --------------------------------------------------------------------------- state
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Write atomically (temp file, fsync, rename) with mode 0600 (I2)."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class State:
+    """The node ID and credential in the state directory (I1–I3); never /etc/machine-id."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.node_id_path = directory / "node-id"
+        self.credential_path = directory / "node-credential"
+
+    def node_id(self) -> str:
+        """The persisted node ID, created on first start."""
+        text = _read(str(self.node_id_path))
+        if text:
+            try:
+                return str(uuid.UUID(text))
+            except ValueError:
+                raise ConfigError(
+                    f"{self.node_id_path} does not hold a UUID; restore it from a backup or re-enrol"
+                ) from None
+        node_id = str(uuid.uuid4())
+        write_private_file(self.node_id_path, node_id)
+        return node_id
+
+    def credential(self) -> str | None:
+        """The stored node credential, if any."""
+        return _read(str(self.credential_path)) or None
+
+    def store_credential(self, credential: str) -> None:
+        """Keep the credential from a claim."""
+        write_private_file(self.credential_path, credential)
+
+
+# --------------------------------------------------------------------------- HTTP client
+
+
+class PublishError(Exception):
+    """A request that did not succeed, described without its body or any secret (A3)."""
+
+    def __init__(self, method: str, path: str, kind: str, status: int | None = None, code: str | None = None):
+        self.method, self.path, self.kind, self.status, self.code = method, path, kind, status, code
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        """`ConnectError on POST /path` or `HTTP 401 CREDENTIAL_REVOKED on POST /path`."""
+        if self.status is not None:
+            return f"HTTP {self.status} {self.code or 'ERROR'} on {self.method} {self.path}"
+        return f"{self.kind} on {self.method} {self.path}"
+
+
+class Client:
+    """Outbound-only HTTP to the control plane (P1)."""
+
+    def __init__(self, config: Config) -> None:
+        import requests
+
+        self._requests = requests
+        self.base = config.control_plane_url
+        self.session = requests.Session()
+        self.session.verify = config.verify
+        self.session.headers["User-Agent"] = f"modelforge-node-agent/{AGENT_VERSION}"
+        self.credential: str | None = None
+
+    def post(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        """POST JSON; return the reply, or raise PublishError naming what failed."""
+        requests = self._requests
+        headers = {"Authorization": f"Bearer {self.credential}"} if self.credential else {}
+        try:
+            response = self.session.post(self.base + path, json=body, headers=headers, timeout=(5, 15))
+        except requests.exceptions.SSLError:
+            raise PublishError(
+                "POST",
+                path,
+                "TLSError (certificate verify failed: set MODELFORGE_AGENT_CA_CERT_PATH "
+                "to the CA that signed the control plane's certificate; never turn off "
+                "TLS verification)",
+            ) from None
+        except requests.exceptions.ConnectionError:
+            raise PublishError("POST", path, "ConnectError") from None
+        except requests.exceptions.Timeout:
+            raise PublishError("POST", path, "Timeout") from None
+        except requests.exceptions.RequestException as error:
+            raise PublishError("POST", path, type(error).__name__) from None
+        try:
+            reply = response.json()
+        except ValueError:
+            reply = {}
+        if not isinstance(reply, dict):
+            reply = {}
+        if response.status_code >= 400:
+            error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+            code = error.get("code") if isinstance(error.get("code"), str) else None
+            failure = PublishError("POST", path, "HTTPError", response.status_code, code)
+            failure.reply = reply
+            raise failure
+        return reply
+
+
+# --------------------------------------------------------------------------- publishing loop
+
+
+class Backoff:
+    """A4: bounded exponential backoff, 1 s → 16 s, with jitter."""
+
+    def __init__(self, low: float = BACKOFF_MIN_SECONDS, high: float = BACKOFF_MAX_SECONDS) -> None:
+        self.low, self.high = low, high
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        """The nominal delay for this failure, then doubled for the next (capped)."""
+        delay = min(self.high, self.low * 2**self.attempt)
+        self.attempt += 1
+        return delay
+
+    @staticmethod
+    def jittered(delay: float) -> float:
+        """Up to ±20 % jitter so many nodes do not retry in lock step."""
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        """After a success, start again from the bottom."""
+        self.attempt = 0
+
+    def describe(self) -> str:
+        """The range, as the A3 log line shows it."""
+        return f"{self.low:g}s…{self.high:g}s"
+
+
+class Exit(Exception):
+    """Stop the agent with an exit code."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Agent:
+    """Enrol once, then publish inventory and heartbeats until stopped."""
+
+    def __init__(self, config: Config, nvml: Nvml, preflight: Preflight, stop: threading.Event) -> None:
+        self.config = config
+        self.nvml = nvml
+        self.preflight = preflight
+        self.stop = stop
+        self.state = State(config.state_dir)
+        self.client = Client(config)
+        self.interval = 15.0
+        self.backoff = Backoff()
+        self.gpus = preflight.gpus
+        self.inventory_digest: str | None = None
+        self.inventory_sent_at = 0.0
+        self.inventory_checked_at = 0.0
+        self.said_once: set[str] = set()
+
+    def versions(self) -> dict[str, object]:
+        """The version fields every request carries (A1)."""
+        return {"protocol_version": PROTOCOL_VERSION, "agent_version": AGENT_VERSION}
+
+    def enroll(self, node_id: str) -> None:
+        """Claim the token once, or exit 4 naming the reason (E2, E3, I2)."""
+        token = self.config.enrollment_token
+        if not token:
+            log.error(
+                "no stored credential in %s and no MODELFORGE_AGENT_ENROLLMENT_TOKEN; mint a token in "
+                "Console → Hardware → Enroll node",
+                self.state.credential_path,
+            )
+            raise Exit(EXIT_CONFIG)
+        body = {
+            "enrollment_token": token,
+            "node_id": node_id,
+            "hostname": self.config.hostname,
+            "control_plane_url": self.config.control_plane_url,
+            **self.versions(),
+        }
+        if self.config.display_name:
+            body["display_name"] = self.config.display_name
+        while True:
+            try:
+                reply = self.client.post("/api/v1/agent/enroll", body)
+                break
+            except PublishError as error:
+                if error.status is not None and error.status < 500:
+                    reply = getattr(error, "reply", {})
+                    message = reply.get("error", {}).get("message", "") if isinstance(reply, dict) else ""
+                    next_step = reply.get("error", {}).get("next_step", "") if isinstance(reply, dict) else ""
+                    log.error("%s: enrolment refused. %s %s", error.describe(), message, next_step)
+                    raise Exit(EXIT_ENROLLMENT_REFUSED) from None
+                self.wait_after(error)
+        credential = reply.get("credential")
+        if not isinstance(credential, str) or not credential:
+            log.error("the control plane's enrolment reply carried no credential")
+            raise Exit(EXIT_ENROLLMENT_REFUSED)
+        self.state.store_credential(credential)
+        self.client.credential = credential
+        self.take_interval(reply)
+        log.info(
+            "enrolled as node %s; credential stored in %s (mode 0600)", node_id, self.state.credential_path
+        )
+
+    def take_interval(self, reply: dict[str, object]) -> None:
+        """Follow the heartbeat interval the server names in each reply."""
+        interval = reply.get("heartbeat_interval_seconds")
+        if isinstance(interval, int | float) and not isinstance(interval, bool) and 1 <= interval <= 3600:
+            self.interval = float(interval)
+
+    def wait_after(self, error: PublishError) -> None:
+        """Log the A3 line and sleep the backoff (interruptible by SIGTERM)."""
+        delay = self.backoff.next_delay()
+        log.warning("%s (backoff %s, next try in %gs)", error.describe(), self.backoff.describe(), delay)
+        if self.stop.wait(self.backoff.jittered(delay)):
+            raise Exit(EXIT_OK)
+
+    def handle_refusal(self, error: PublishError) -> None:
+        """Decide what a 4xx from a publication means (A1, I5, I6)."""
+        if error.status == 401:
+            log.error(
+                "%s: the node credential is no longer accepted; re-enrol with a new token", error.describe()
+            )
+            raise Exit(EXIT_CREDENTIAL_REVOKED)
+        if error.status == 403 and error.code == "NODE_DISABLED":
+            if "disabled" not in self.said_once:
+                self.said_once.add("disabled")
+                log.warning(
+                    "%s: an operator disabled this node; checking every %gs",
+                    error.describe(),
+                    BACKOFF_MAX_SECONDS,
+                )
+            self.backoff.attempt = 99
+        elif error.status == 426:
+            if "incompatible" not in self.said_once:
+                self.said_once.add("incompatible")
+                compat = getattr(error, "reply", {}).get("compatibility", {})
+                log.error(
+                    "%s: compatibility %s. %s",
+                    error.describe(),
+                    compat.get("answer", "UNKNOWN"),
+                    compat.get("action", "Upgrade the agent or the control plane."),
+                )
+            self.backoff.attempt = 99
+        self.wait_after(error)
+
+    def health(self, telemetry_errors: dict[str, dict[str, str]]) -> dict[str, str]:
+        """ok, degraded (some readings failed) or failing (no GPU readable), with detail."""
+        if not telemetry_errors:
+            gpus = f"{len(self.gpus)} GPU(s)" if self.gpus else "CPU-only"
+            return {"status": "ok", "detail": f"{gpus}; all readings succeeded"}
+        detail = "; ".join(
+            f"{uuid_}: " + ", ".join(f"{metric} {name}" for metric, name in errors.items())
+            for uuid_, errors in sorted(telemetry_errors.items())
+        )
+        all_lost = len(telemetry_errors) == len(self.gpus) and all(
+            all(metric in errors or "handle" in errors for metric in REQUIRED_METRICS)
+            for errors in telemetry_errors.values()
+        )
+        return {"status": "failing" if all_lost else "degraded", "detail": detail[:1000]}
+
+    def telemetry(self) -> tuple[list[dict[str, object]], dict[str, dict[str, str]]]:
+        """Fresh NVML readings for every known GPU (never cached, never invented)."""
+        samples, failures = [], {}
+        for gpu in self.gpus:
+            sample, errors = self.nvml.sample(int(gpu["index"]), str(gpu["uuid"]))
+            samples.append(sample)
+            if errors:
+                failures[str(gpu["uuid"])] = errors
+        return samples, failures
+
+    def maybe_publish_inventory(self, now: float) -> None:
+        """Inventory at start, whenever it changes (checked each minute), and at least hourly."""
+        if self.inventory_digest is not None and now - self.inventory_checked_at < INVENTORY_CHECK_SECONDS:
+            return
+        self.inventory_checked_at = now
+        if self.preflight.nvidia_required:
+            pynvml = self.nvml.module()
+            try:
+                self.gpus = self.nvml.gpus()
+            except pynvml.NVMLError as error:
+                log.warning("could not re-read GPUs (%s); keeping the last inventory", type(error).__name__)
+        inventory = collect_inventory(self.config, self.gpus)
+        digest = hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
+        if digest == self.inventory_digest and now - self.inventory_sent_at < INVENTORY_MAX_AGE_SECONDS:
+            return
+        reply = self.client.post("/api/v1/agent/inventory", {**self.versions(), "inventory": inventory})
+        self.take_interval(reply)
+        self.inventory_digest, self.inventory_sent_at = digest, now
+        log.info("inventory published: %d GPU(s)", len(inventory["gpus"]))
+
+    def heartbeat(self) -> None:
+        """One heartbeat with health and fresh telemetry."""
+        samples, failures = self.telemetry()
+        body = {**self.versions(), "health": self.health(failures), "telemetry": samples}
+        reply = self.client.post("/api/v1/agent/heartbeat", body)
+        self.take_interval(reply)
+
+    def publish_once(self) -> None:
+        """Inventory if due, then one heartbeat; failures propagate."""
+        self.maybe_publish_inventory(time.monotonic())
+        self.heartbeat()
+
+    def start(self) -> None:
+        """Use the stored credential, or enrol (I3: a stored credential wins over any token)."""
+        node_id = self.state.node_id()
+        credential = self.state.credential()
+        if credential:
+            if self.config.enrollment_token and "token-ignored" not in self.said_once:
+                self.said_once.add("token-ignored")
+                log.info(
+                    "a credential is stored; ignoring MODELFORGE_AGENT_ENROLLMENT_TOKEN (it can be removed)"
+                )
+            self.client.credential = credential
+            log.info("node %s starting with its stored credential", node_id)
+        else:
+            self.enroll(node_id)
+
+    def run(self, once: bool = False) -> int:
+        """Enrol if needed, then publish on a drift-free monotonic schedule until stopped."""
+        self.start()
+        next_beat = time.monotonic()
+        while not self.stop.is_set():
+            try:
+                self.publish_once()
+            except PublishError as error:
+                if error.status is not None and 400 <= error.status < 500:
+                    self.handle_refusal(error)
+                else:
+                    self.wait_after(error)
+                self.inventory_digest = None if error.path.endswith("inventory") else self.inventory_digest
+                next_beat = time.monotonic()
+                continue
+            if self.backoff.attempt:
+                log.info("publishing again after %d failed attempt(s)", self.backoff.attempt)
+                self.backoff.reset()
+            if once:
+                return EXIT_OK
+            # Drift-free: the next beat is scheduled from the last one, not from "now".
+            next_beat += self.interval
+            delay = next_beat - time.monotonic()
+            if delay < 0:
+                next_beat, delay = time.monotonic(), 0
+            if self.stop.wait(delay):
+                break
+        return EXIT_OK
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def configure_logging() -> None:
+    """One line per event on stderr; never a body, token or credential (A3)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the agent; returns the process exit code."""
+    parser = argparse.ArgumentParser(
+        prog="python3 -m modelforge_node_agent",
+        description="ModelForge node agent: enrols once, then publishes inventory, health and GPU "
+        "telemetry to the control plane. Outbound only.",
+        epilog="Exit codes: 0 done, 2 configuration error, 3 NVIDIA preflight failure, "
+        "4 enrolment refused, 5 credential revoked.",
+    )
+    parser.add_argument(
+        "--preflight", action="store_true", help="run the NVIDIA checks, print a report, exit 0 or 3"
+    )
+    parser.add_argument(
+        "--once", action="store_true", help="enrol if needed, publish one inventory and heartbeat, exit"
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {AGENT_VERSION} (protocol {PROTOCOL_VERSION})"
+    )
+    args = parser.parse_args(argv)
+    configure_logging()
+    env = dict(os.environ)
+
+    try:
+        config = load_config(env, need_url=not args.preflight)
+    except ConfigError as error:
+        print(f"modelforge-node-agent: configuration error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    nvml = Nvml()
+    result = run_preflight(config.accelerator_mode, nvml, env)
+    if args.preflight:
+        # N3: checks only — no network, no state.
+        print(preflight_report(result))
+        return EXIT_OK if result.ok else EXIT_PREFLIGHT
+    if not result.ok:
+        # N2: exactly one code with a hint; nothing is sent, nothing is written.
+        print(f"{result.code}: {result.hint}", file=sys.stderr)
+        return EXIT_PREFLIGHT
+
+    if not config.tls_verify:
+        log.warning(
+            "MODELFORGE_AGENT_TLS_VERIFY=false: the control plane's certificate is NOT verified. "
+            "Use MODELFORGE_AGENT_CA_CERT_PATH for a private CA instead"
+        )
+    try:
+        ensure_state_dir(config)
+    except ConfigError as error:
+        print(f"modelforge-node-agent: configuration error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        # Ends a sleep at once and interrupts a request in flight: stopped within a second.
+        stop.set()
+        raise Exit(EXIT_OK)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "modelforge-node-agent %s (protocol %d) starting; %s", AGENT_VERSION, PROTOCOL_VERSION, result.reason
+    )
+    try:
+        return Agent(config, nvml, result, stop).run(once=args.once)
+    except Exit as done:
+        return done.code
+    except ConfigError as error:
+        print(f"modelforge-node-agent: configuration error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())
