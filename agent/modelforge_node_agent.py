@@ -108,9 +108,7 @@ def _control_plane_url(env: dict[str, str]) -> str:
     if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise ConfigError(f"{name} must be an http(s) URL such as https://modelforge.lan, got {url!r}")
     if any(parts.hostname == host or parts.hostname.endswith("." + host) for host in PLACEHOLDER_HOSTS):
-        raise ConfigError(
-            f"{name} is still the example placeholder ({parts.hostname}); set it to your control plane"
-        )
+        raise ConfigError(f"{name} is still the example placeholder ({parts.hostname}); set it to your control plane")
     return url
 
 
@@ -127,9 +125,7 @@ def load_config(env: dict[str, str], *, need_url: bool = True) -> Config:
     if ca_cert_path and not os.access(ca_cert_path, os.R_OK):
         raise ConfigError(f"MODELFORGE_AGENT_CA_CERT_PATH={ca_cert_path} is not a readable file")
     if ca_cert_path and not tls_verify:
-        raise ConfigError(
-            "MODELFORGE_AGENT_TLS_VERIFY=false contradicts MODELFORGE_AGENT_CA_CERT_PATH"
-        )
+        raise ConfigError("MODELFORGE_AGENT_TLS_VERIFY=false contradicts MODELFORGE_AGENT_CA_CERT_PATH")
     dirs = {
         "state": Path(env.get("MODELFORGE_AGENT_STATE_DIR") or "/data/state"),
         "hf-cache": Path(env.get("MODELFORGE_AGENT_HF_CACHE_DIR") or "/data/hf-cache"),
@@ -227,9 +223,7 @@ class Nvml:
                     "name": self._text(name) if name is not None else None,
                     "memory_total_bytes": int(memory.total) if memory is not None else None,
                     "driver_version": self._text(driver) if driver is not None else None,
-                    "cuda_driver_version": (
-                        f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else None
-                    ),
+                    "cuda_driver_version": (f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else None),
                     "pci_bus_id": self._text(pci.busId) if pci is not None else None,
                     "unknown_reasons": errors,
                 }
@@ -243,9 +237,7 @@ class Nvml:
         handle = self._call(errors, "handle", pynvml.nvmlDeviceGetHandleByIndex, index)
         metrics: dict[str, object] = dict.fromkeys(TELEMETRY_METRICS)
         if handle is not None:
-            utilization = self._call(
-                errors, "utilization_gpu_percent", pynvml.nvmlDeviceGetUtilizationRates, handle
-            )
+            utilization = self._call(errors, "utilization_gpu_percent", pynvml.nvmlDeviceGetUtilizationRates, handle)
             memory = self._call(errors, "memory_used_bytes", pynvml.nvmlDeviceGetMemoryInfo, handle)
             temperature = self._call(
                 errors, "temperature_c", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
@@ -306,9 +298,7 @@ def run_preflight(mode: str, nvml: Nvml, env: dict[str, str], root: str = "/") -
     if mode == "auto":
         seen = nvidia_devices_seen(env, root)
         if seen is None:
-            return Preflight(
-                False, "auto: no /dev/nvidia* devices and no NVIDIA_VISIBLE_DEVICES; CPU-only node"
-            )
+            return Preflight(False, "auto: no /dev/nvidia* devices and no NVIDIA_VISIBLE_DEVICES; CPU-only node")
         reason = f"auto: {seen}, so NVML is required"
     else:
         reason = "MODELFORGE_AGENT_ACCELERATOR_MODE=nvidia: NVML is required"
@@ -501,17 +491,11 @@ def collect_inventory(config: Config, gpus: list[dict[str, object]], root: str =
         "cpu_count": round(cpu_count, 2) if isinstance(cpu_count, float) else cpu_count,
         "cpu_limited_by_cgroup": cpu_limit is not None,
         "memory_total_bytes": memory,
-        "memory_limited_by_cgroup": memory_limit is not None
-        and (host_memory is None or memory_limit < host_memory),
+        "memory_limited_by_cgroup": memory_limit is not None and (host_memory is None or memory_limit < host_memory),
         "storage": storage(config.data_dirs),
         "accelerator_mode": config.accelerator_mode,
-        "gpus": [
-            {key: value for key, value in gpu.items() if key not in {"index", "unknown_reasons"}}
-            for gpu in gpus
-        ],
-        "gpu_unknown_reasons": {
-            gpu["uuid"]: gpu["unknown_reasons"] for gpu in gpus if gpu["unknown_reasons"]
-        },
+        "gpus": [{key: value for key, value in gpu.items() if key not in {"index", "unknown_reasons"}} for gpu in gpus],
+        "gpu_unknown_reasons": {gpu["uuid"]: gpu["unknown_reasons"] for gpu in gpus if gpu["unknown_reasons"]},
         "unknown_reasons": unknown,
         "agent": {"version": AGENT_VERSION, "python": platform.python_version()},
     }
@@ -692,6 +676,7 @@ class Agent:
         self.inventory_sent_at = 0.0
         self.inventory_checked_at = 0.0
         self.said_once: set[str] = set()
+        self.storage_problems: dict[str, str] = {}
 
     def versions(self) -> dict[str, object]:
         """The version fields every request carries (A1)."""
@@ -735,9 +720,7 @@ class Agent:
         self.state.store_credential(credential)
         self.client.credential = credential
         self.take_interval(reply)
-        log.info(
-            "enrolled as node %s; credential stored in %s (mode 0600)", node_id, self.state.credential_path
-        )
+        log.info("enrolled as node %s; credential stored in %s (mode 0600)", node_id, self.state.credential_path)
 
     def take_interval(self, reply: dict[str, object]) -> None:
         """Follow the heartbeat interval the server names in each reply."""
@@ -755,9 +738,7 @@ class Agent:
     def handle_refusal(self, error: PublishError) -> None:
         """Decide what a 4xx from a publication means (A1, I5, I6)."""
         if error.status == 401:
-            log.error(
-                "%s: the node credential is no longer accepted; re-enrol with a new token", error.describe()
-            )
+            log.error("%s: the node credential is no longer accepted; re-enrol with a new token", error.describe())
             raise Exit(EXIT_CREDENTIAL_REVOKED)
         if error.status == 403 and error.code == "NODE_DISABLED":
             if "disabled" not in self.said_once:
@@ -782,19 +763,24 @@ class Agent:
         self.wait_after(error)
 
     def health(self, telemetry_errors: dict[str, dict[str, str]]) -> dict[str, str]:
-        """ok, degraded (some readings failed) or failing (no GPU readable), with detail."""
-        if not telemetry_errors:
-            gpus = f"{len(self.gpus)} GPU(s)" if self.gpus else "CPU-only"
-            return {"status": "ok", "detail": f"{gpus}; all readings succeeded"}
-        detail = "; ".join(
+        """ok; degraded (some readings failed, a data directory is unusable); failing (no GPU readable)."""
+        problems = [
             f"{uuid_}: " + ", ".join(f"{metric} {name}" for metric, name in errors.items())
             for uuid_, errors in sorted(telemetry_errors.items())
+        ]
+        problems += [f"{name} directory: {reason}" for name, reason in sorted(self.storage_problems.items())]
+        if not problems:
+            gpus = f"{len(self.gpus)} GPU(s)" if self.gpus else "CPU-only"
+            return {"status": "ok", "detail": f"{gpus}; all readings succeeded"}
+        all_lost = (
+            bool(self.gpus)
+            and len(telemetry_errors) == len(self.gpus)
+            and all(
+                all(metric in errors or "handle" in errors for metric in REQUIRED_METRICS)
+                for errors in telemetry_errors.values()
+            )
         )
-        all_lost = len(telemetry_errors) == len(self.gpus) and all(
-            all(metric in errors or "handle" in errors for metric in REQUIRED_METRICS)
-            for errors in telemetry_errors.values()
-        )
-        return {"status": "failing" if all_lost else "degraded", "detail": detail[:1000]}
+        return {"status": "failing" if all_lost else "degraded", "detail": "; ".join(problems)[:1000]}
 
     def telemetry(self) -> tuple[list[dict[str, object]], dict[str, dict[str, str]]]:
         """Fresh NVML readings for every known GPU (never cached, never invented)."""
@@ -818,6 +804,11 @@ class Agent:
             except pynvml.NVMLError as error:
                 log.warning("could not re-read GPUs (%s); keeping the last inventory", type(error).__name__)
         inventory = collect_inventory(self.config, self.gpus)
+        self.storage_problems = {
+            name: str(facts["unknown_reason"])
+            for name, facts in inventory["storage"].items()
+            if "unknown_reason" in facts
+        }
         digest = hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
         if digest == self.inventory_digest and now - self.inventory_sent_at < INVENTORY_MAX_AGE_SECONDS:
             return
@@ -845,9 +836,7 @@ class Agent:
         if credential:
             if self.config.enrollment_token and "token-ignored" not in self.said_once:
                 self.said_once.add("token-ignored")
-                log.info(
-                    "a credential is stored; ignoring MODELFORGE_AGENT_ENROLLMENT_TOKEN (it can be removed)"
-                )
+                log.info("a credential is stored; ignoring MODELFORGE_AGENT_ENROLLMENT_TOKEN (it can be removed)")
             self.client.credential = credential
             log.info("node %s starting with its stored credential", node_id)
         else:
@@ -904,9 +893,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Exit codes: 0 done, 2 configuration error, 3 NVIDIA preflight failure, "
         "4 enrolment refused, 5 credential revoked.",
     )
-    parser.add_argument(
-        "--preflight", action="store_true", help="run the NVIDIA checks, print a report, exit 0 or 3"
-    )
+    parser.add_argument("--preflight", action="store_true", help="run the NVIDIA checks, print a report, exit 0 or 3")
     parser.add_argument(
         "--once", action="store_true", help="enrol if needed, publish one inventory and heartbeat, exit"
     )
@@ -954,9 +941,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info(
-        "modelforge-node-agent %s (protocol %d) starting; %s", AGENT_VERSION, PROTOCOL_VERSION, result.reason
-    )
+    log.info("modelforge-node-agent %s (protocol %d) starting; %s", AGENT_VERSION, PROTOCOL_VERSION, result.reason)
     try:
         return Agent(config, nvml, result, stop).run(once=args.once)
     except Exit as done:

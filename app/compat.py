@@ -15,8 +15,7 @@ _ACTIONS = {
     COMPATIBLE: "None: the agent and the control plane speak the same protocol.",
     TOO_OLD: "Upgrade the node agent image to a release that speaks protocol "
     f"{max(SUPPORTED_PROTOCOLS)}, then recreate the container; its state volume keeps the identity.",
-    TOO_NEW: "Upgrade the control plane, or run a node agent release that speaks protocol "
-    f"{max(SUPPORTED_PROTOCOLS)}.",
+    TOO_NEW: f"Upgrade the control plane, or run a node agent release that speaks protocol {max(SUPPORTED_PROTOCOLS)}.",
     UNKNOWN: "The agent did not send a whole-number protocol_version; run an official node agent release.",
 }
 

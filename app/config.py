@@ -110,9 +110,7 @@ def _database_url(env: Mapping[str, str], instance_path: Path) -> str:
     if scheme in {"postgresql", "postgresql+psycopg"}:
         # One driver everywhere: psycopg 3.
         return "postgresql+psycopg://" + url.split("://", 1)[1]
-    raise ConfigError(
-        f"{name} must start with sqlite:/// or postgresql+psycopg://, got scheme {scheme or '(none)'!r}"
-    )
+    raise ConfigError(f"{name} must start with sqlite:/// or postgresql+psycopg://, got scheme {scheme or '(none)'!r}")
 
 
 def normalize_origin(url: str) -> str | None:
@@ -146,13 +144,9 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
             "run `make run` once or set the variable"
         )
     if len(operator_key) < MIN_OPERATOR_KEY_LENGTH:
-        raise ConfigError(
-            f"MODELFORGE_OPERATOR_API_KEY must be at least {MIN_OPERATOR_KEY_LENGTH} characters"
-        )
+        raise ConfigError(f"MODELFORGE_OPERATOR_API_KEY must be at least {MIN_OPERATOR_KEY_LENGTH} characters")
 
-    secret_key = env.get("MODELFORGE_SECRET_KEY", "").strip() or _read_instance_secret(
-        instance_path, SECRET_KEY_FILE
-    )
+    secret_key = env.get("MODELFORGE_SECRET_KEY", "").strip() or _read_instance_secret(instance_path, SECRET_KEY_FILE)
     if not secret_key:
         raise ConfigError(
             "MODELFORGE_SECRET_KEY is not set and instance/secret-key does not exist; "

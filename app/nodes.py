@@ -16,9 +16,7 @@ from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, Telemetr
 from app.timeutil import isoformat, utcnow
 
 
-def liveness(
-    last_heartbeat_at: datetime | None, now: datetime, settings: Settings
-) -> tuple[str, float | None]:
+def liveness(last_heartbeat_at: datetime | None, now: datetime, settings: Settings) -> tuple[str, float | None]:
     """L1: status and heartbeat age, computed from the stored time so a stopped agent ages."""
     if last_heartbeat_at is None:
         return "pending", None
@@ -89,14 +87,10 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
     ids = [node.id for node, *_ in rows]
     gpus: dict[str, list[Gpu]] = defaultdict(list)
     if ids:
-        for gpu in db.session.scalars(
-            sa.select(Gpu).where(Gpu.node_id.in_(ids)).order_by(Gpu.pci_bus_id, Gpu.uuid)
-        ):
+        for gpu in db.session.scalars(sa.select(Gpu).where(Gpu.node_id.in_(ids)).order_by(Gpu.pci_bus_id, Gpu.uuid)):
             gpus[gpu.node_id].append(gpu)
     telemetry = _latest_telemetry(ids)
-    hostname_counts = dict(
-        db.session.execute(sa.select(Node.hostname, sa.func.count()).group_by(Node.hostname)).all()
-    )
+    hostname_counts = dict(db.session.execute(sa.select(Node.hostname, sa.func.count()).group_by(Node.hostname)).all())
     now = utcnow()
     described = []
     for node, lease, inventory, credential in rows:
@@ -123,9 +117,7 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
                     else None
                 ),
                 "inventory": (
-                    {**inventory.facts, "received_at": isoformat(inventory.received_at)}
-                    if inventory
-                    else None
+                    {**inventory.facts, "received_at": isoformat(inventory.received_at)} if inventory else None
                 ),
                 "gpus": [gpu.to_dict() for gpu in gpus[node.id]],
                 "telemetry": [sample.to_dict() for sample in telemetry.get(node.id, [])],

@@ -28,9 +28,7 @@ _credentials = Credential.__table__
 _nodes = Node.__table__
 _leases = NodeLease.__table__
 _AUTHENTICATE = (
-    sa.select(
-        _credentials.c.token_hash, _credentials.c.revoked_at, _nodes.c.id, _nodes.c.disabled, _leases.c.status
-    )
+    sa.select(_credentials.c.token_hash, _credentials.c.revoked_at, _nodes.c.id, _nodes.c.disabled, _leases.c.status)
     .select_from(
         _credentials.join(_nodes, _nodes.c.id == _credentials.c.node_id).outerjoin(
             _leases, _leases.c.node_id == _nodes.c.id
@@ -128,9 +126,7 @@ def record_heartbeat(
         )
     if publisher.lease_status != "online":
         action = "node.online" if publisher.lease_status in (None, "pending") else "node.returned"
-        audit.record(
-            audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=publisher.lease_status
-        )
+        audit.record(audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=publisher.lease_status)
     db.session.commit()
 
 
@@ -156,9 +152,7 @@ def record_inventory(
     node = db.session.get(Node, node_id)
     hostname = facts.get("hostname")
     if isinstance(hostname, str) and hostname and hostname != node.hostname:
-        audit.record(
-            audit.agent_actor(node_id), "node.hostname_changed", node_id, old=node.hostname, new=hostname
-        )
+        audit.record(audit.agent_actor(node_id), "node.hostname_changed", node_id, old=node.hostname, new=hostname)
         node.hostname = hostname
 
     known = {gpu.uuid: gpu for gpu in db.session.scalars(sa.select(Gpu).where(Gpu.node_id == node_id))}

@@ -62,9 +62,7 @@ def inventory_body(gpus: list[dict[str, object]] | None = None, **facts: object)
     }
 
 
-def sample(
-    gpu_uuid: str = "GPU-00000000-0000-0000-0000-000000000001", **overrides: object
-) -> dict[str, object]:
+def sample(gpu_uuid: str = "GPU-00000000-0000-0000-0000-000000000001", **overrides: object) -> dict[str, object]:
     """One telemetry sample; metrics NVML cannot read would be null."""
     return {
         "gpu_uuid": gpu_uuid,
@@ -77,9 +75,7 @@ def sample(
     }
 
 
-def heartbeat_body(
-    telemetry: list[dict[str, object]] | None = None, **overrides: object
-) -> dict[str, object]:
+def heartbeat_body(telemetry: list[dict[str, object]] | None = None, **overrides: object) -> dict[str, object]:
     """A valid body for POST /api/v1/agent/heartbeat."""
     return {
         **versions(),

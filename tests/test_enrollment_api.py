@@ -145,9 +145,7 @@ def test_claim_through_another_origin_is_refused_and_the_token_survives(app, cli
     assert minted["token"] not in json.dumps(body)
     assert rows(app, Node) == []
     # E3: the right origin still works — the refusal did not spend the token.
-    ok = client.post(
-        "/api/v1/agent/enroll", json=factories.enroll_body(minted["token"], origin="http://LOCALHOST:80/")
-    )
+    ok = client.post("/api/v1/agent/enroll", json=factories.enroll_body(minted["token"], origin="http://LOCALHOST:80/"))
     assert ok.status_code == 201
 
 
@@ -155,9 +153,7 @@ def test_public_api_origin_setting_is_recorded(database_url, tmp_path):
     from app import create_app
     from tests.support import app_env
 
-    application = create_app(
-        app_env(database_url, tmp_path, MODELFORGE_PUBLIC_API_ORIGIN="https://modelforge.lan/")
-    )
+    application = create_app(app_env(database_url, tmp_path, MODELFORGE_PUBLIC_API_ORIGIN="https://modelforge.lan/"))
     client = application.test_client()
     minted = factories.mint(client)
     assert minted["api_origin"] == "https://modelforge.lan"
@@ -206,16 +202,11 @@ def test_sweep_marks_expired_tokens_once_and_audits_each(app, client):
         db.session.commit()
         assert enrollment.sweep_expired() == 1
         assert enrollment.sweep_expired() == 0  # a second run changes nothing
-    states = {
-        item["id"]: item["state"] for item in client.get(ENROLLMENTS, headers=ADMIN).get_json()["enrollments"]
-    }
+    states = {item["id"]: item["state"] for item in client.get(ENROLLMENTS, headers=ADMIN).get_json()["enrollments"]}
     assert states == {expired["id"]: "expired", live["id"]: "pending"}
     expired_events = [e for e in rows(app, AuditEvent) if e.action == "enrollment.expired"]
     assert [e.details["enrollment_id"] for e in expired_events] == [expired["id"]]
-    assert (
-        client.get(ENROLLMENTS + "?state=expired", headers=ADMIN).get_json()["enrollments"][0]["id"]
-        == expired["id"]
-    )
+    assert client.get(ENROLLMENTS + "?state=expired", headers=ADMIN).get_json()["enrollments"][0]["id"] == expired["id"]
     bad = client.get(ENROLLMENTS + "?state=bogus", headers=ADMIN)
     assert bad.status_code == 400 and bad.get_json()["error"]["field"] == "state"
 

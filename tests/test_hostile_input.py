@@ -43,14 +43,11 @@ def snapshot(app):
     """Everything a bad request could have damaged."""
     with app.app_context():
         return {
-            model.__tablename__: db.session.execute(
-                sa.select(sa.func.count()).select_from(model)
-            ).scalar_one()
+            model.__tablename__: db.session.execute(sa.select(sa.func.count()).select_from(model)).scalar_one()
             for model in (Enrollment, NodeInventory, TelemetrySample, AuditEvent)
         } | {
             "lease": [
-                (lease.last_heartbeat_at, lease.health_status)
-                for lease in db.session.scalars(sa.select(NodeLease))
+                (lease.last_heartbeat_at, lease.health_status) for lease in db.session.scalars(sa.select(NodeLease))
             ]
         }
 
@@ -59,21 +56,13 @@ def snapshot(app):
 def enrolled(client):
     node = factories.enrolled_node(client)
     auth = factories.bearer(node["credential"])
-    assert (
-        client.post("/api/v1/agent/inventory", json=factories.inventory_body(), headers=auth).status_code
-        == 200
-    )
-    assert (
-        client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=auth).status_code
-        == 200
-    )
+    assert client.post("/api/v1/agent/inventory", json=factories.inventory_body(), headers=auth).status_code == 200
+    assert client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=auth).status_code == 200
     return node
 
 
 @pytest.mark.parametrize(("raw", "content_type", "status"), RAW_BODIES)
-@pytest.mark.parametrize(
-    "path", ["/api/v1/agent/heartbeat", "/api/v1/agent/inventory", "/api/v1/agent/enroll"]
-)
+@pytest.mark.parametrize("path", ["/api/v1/agent/heartbeat", "/api/v1/agent/inventory", "/api/v1/agent/enroll"])
 def test_malformed_agent_bodies(app, client, enrolled, path, raw, content_type, status):
     before = snapshot(app)
     response = client.post(
@@ -86,9 +75,7 @@ def test_malformed_agent_bodies(app, client, enrolled, path, raw, content_type, 
 
 @pytest.mark.parametrize(("raw", "content_type", "status"), RAW_BODIES)
 def test_malformed_admin_bodies(app, client, raw, content_type, status):
-    response = client.post(
-        "/api/v1/admin/node-enrollments", data=raw, headers={"Content-Type": content_type, **ADMIN}
-    )
+    response = client.post("/api/v1/admin/node-enrollments", data=raw, headers={"Content-Type": content_type, **ADMIN})
     assert_error(response, status)
     assert snapshot(app)["enrollments"] == 0
 
@@ -119,9 +106,7 @@ WRONG_HEARTBEATS = [
 def test_wrong_heartbeat_fields_are_named(app, client, enrolled, change, field):
     before = snapshot(app)
     body = {**factories.heartbeat_body(), **change}
-    response = client.post(
-        "/api/v1/agent/heartbeat", json=body, headers=factories.bearer(enrolled["credential"])
-    )
+    response = client.post("/api/v1/agent/heartbeat", json=body, headers=factories.bearer(enrolled["credential"]))
     error = assert_error(response, 400)
     assert (error["code"], error["field"]) == ("VALIDATION_FAILED", field)
     assert snapshot(app) == before
@@ -145,9 +130,7 @@ WRONG_INVENTORIES = [
 def test_wrong_inventory_fields_are_named(app, client, enrolled, change, field):
     before = snapshot(app)
     body = {**factories.inventory_body(), **change}
-    response = client.post(
-        "/api/v1/agent/inventory", json=body, headers=factories.bearer(enrolled["credential"])
-    )
+    response = client.post("/api/v1/agent/inventory", json=body, headers=factories.bearer(enrolled["credential"]))
     error = assert_error(response, 400)
     assert (error["code"], error["field"]) == ("VALIDATION_FAILED", field)
     assert snapshot(app) == before

@@ -161,14 +161,10 @@ def test_rotation_returns_a_new_credential_once_and_the_old_one_stops_working(cl
     assert body["credential"].startswith("mfn_") and body["credential"] != node["credential"]
     assert body["active"] is True and rotated.headers["Cache-Control"] == "no-store"
 
-    old = client.post(
-        HEARTBEAT, json=factories.heartbeat_body(), headers=factories.bearer(node["credential"])
-    )
+    old = client.post(HEARTBEAT, json=factories.heartbeat_body(), headers=factories.bearer(node["credential"]))
     assert old.status_code == 401 and old.get_json()["error"]["code"] == "CREDENTIAL_REVOKED"
     assert old.headers["WWW-Authenticate"] == "Bearer"
-    new = client.post(
-        HEARTBEAT, json=factories.heartbeat_body(), headers=factories.bearer(body["credential"])
-    )
+    new = client.post(HEARTBEAT, json=factories.heartbeat_body(), headers=factories.bearer(body["credential"]))
     assert new.status_code == 200
     view = node_view(client, node["node_id"])
     assert view["credential"]["id"] == body["id"] and body["credential"] not in json.dumps(view)
@@ -183,9 +179,7 @@ def test_revocation_leaves_no_active_credential(client):
     again = client.post(path, headers=ADMIN)
     assert again.status_code == 409 and again.get_json()["error"]["code"] == "NO_ACTIVE_CREDENTIAL"
     assert node_view(client, node["node_id"])["credential"] is None
-    refused = client.post(
-        INVENTORY, json=factories.inventory_body(), headers=factories.bearer(node["credential"])
-    )
+    refused = client.post(INVENTORY, json=factories.inventory_body(), headers=factories.bearer(node["credential"]))
     assert refused.status_code == 401 and refused.get_json()["error"]["code"] == "CREDENTIAL_REVOKED"
 
 
@@ -219,17 +213,12 @@ def test_incompatible_enrolled_agent_is_refused_and_the_node_shows_why(client):
 
 
 def test_unknown_node_and_unknown_credential(client):
-    assert (
-        client.get("/api/v1/hardware/nodes/nope", headers=ADMIN).get_json()["error"]["code"]
-        == "NODE_NOT_FOUND"
-    )
+    assert client.get("/api/v1/hardware/nodes/nope", headers=ADMIN).get_json()["error"]["code"] == "NODE_NOT_FOUND"
     for action in ("credential/rotate", "credential/revoke", "disable", "enable"):
         assert client.post(f"/api/v1/admin/nodes/nope/{action}", headers=ADMIN).status_code == 404
     missing = client.post(HEARTBEAT, json=factories.heartbeat_body())
     assert missing.status_code == 401 and missing.get_json()["error"]["code"] == "CREDENTIAL_REQUIRED"
-    wrong = client.post(
-        HEARTBEAT, json=factories.heartbeat_body(), headers=factories.bearer("mfn_" + "z" * 43)
-    )
+    wrong = client.post(HEARTBEAT, json=factories.heartbeat_body(), headers=factories.bearer("mfn_" + "z" * 43))
     assert wrong.status_code == 401 and wrong.get_json()["error"]["code"] == "CREDENTIAL_INVALID"
 
 
@@ -253,9 +242,7 @@ def test_telemetry_rows_are_written_apart_from_the_lease(app, client):
     client.post(HEARTBEAT, json=factories.heartbeat_body(samples), headers=auth)
     client.post(HEARTBEAT, json=factories.heartbeat_body([]), headers=auth)
     with app.app_context():
-        stored = db.session.scalars(
-            sa.select(TelemetrySample.gpu_uuid).order_by(TelemetrySample.gpu_uuid)
-        ).all()
+        stored = db.session.scalars(sa.select(TelemetrySample.gpu_uuid).order_by(TelemetrySample.gpu_uuid)).all()
         leases = db.session.scalars(sa.select(NodeLease)).all()
     assert stored == ["GPU-A", "GPU-B"]
     assert len(leases) == 1 and leases[0].last_heartbeat_at is not None

@@ -39,10 +39,7 @@ def test_document_paths_match_the_registered_routes(app):
         path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
         registered |= {(path, method.lower()) for method in rule.methods - {"HEAD", "OPTIONS"}}
     documented = {
-        (path, method)
-        for path, item in document()["paths"].items()
-        for method in item
-        if method in HTTP_METHODS
+        (path, method) for path, item in document()["paths"].items() for method in item if method in HTTP_METHODS
     }
     assert documented == registered
 

@@ -48,9 +48,7 @@ def test_enrol_publish_read_back_rotate_revoke_over_http(server):
     assert (inventory.status_code, heartbeat.status_code) == (200, 200)
     assert heartbeat.json()["heartbeat_interval_seconds"] == 15
 
-    node = requests.get(
-        f"{server.url}/api/v1/hardware/nodes/{body['node_id']}", headers=ADMIN, timeout=10
-    ).json()
+    node = requests.get(f"{server.url}/api/v1/hardware/nodes/{body['node_id']}", headers=ADMIN, timeout=10).json()
     assert (node["status"], node["display_name"], node["labels"]) == ("online", "Tower", {"site": "garage"})
     assert node["gpus"][0]["uuid"] == factories.gpu()["uuid"] and len(node["telemetry"]) == 1
 
@@ -116,11 +114,7 @@ def test_sixty_concurrent_claims_of_one_token_yield_exactly_one_node(server, dat
     engine = sa.create_engine(database_url)
     with engine.connect() as connection:
         nodes = connection.execute(sa.text("SELECT id FROM nodes")).scalars().all()
-        active = (
-            connection.execute(sa.text("SELECT node_id FROM credentials WHERE revoked_at IS NULL"))
-            .scalars()
-            .all()
-        )
+        active = connection.execute(sa.text("SELECT node_id FROM credentials WHERE revoked_at IS NULL")).scalars().all()
         enrolled_events = connection.execute(
             sa.text("SELECT COUNT(*) FROM audit_events WHERE action = 'node.enrolled'")
         ).scalar_one()

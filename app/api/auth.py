@@ -23,8 +23,7 @@ def admin_required(view):
                 401,
                 "ADMIN_TOKEN_REQUIRED",
                 f"This endpoint needs the {ADMIN_HEADER} header.",
-                "Send the operator API key (instance/operator-api-key or "
-                "MODELFORGE_OPERATOR_API_KEY) in that header.",
+                "Send the operator API key (instance/operator-api-key or MODELFORGE_OPERATOR_API_KEY) in that header.",
             )
         expected = current_app.config["MODELFORGE"].operator_api_key
         if not tokens.same_secret(expected, presented):

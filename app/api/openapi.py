@@ -381,9 +381,7 @@ def _paths() -> dict:
         },
         "/api/v1/hardware/nodes/{node_id}": {
             "parameters": node_id,
-            "get": _admin(
-                {"summary": "One node", "responses": {"200": _json(NODE, "The node"), **_errors(401, 404)}}
-            ),
+            "get": _admin({"summary": "One node", "responses": {"200": _json(NODE, "The node"), **_errors(401, 404)}}),
         },
         "/api/v1/admin/nodes/{node_id}/credential/rotate": {
             "parameters": node_id,
@@ -417,9 +415,7 @@ def _paths() -> dict:
                 {
                     "summary": "Revoke the active credential (I5)",
                     "responses": {
-                        "200": _json(
-                            {"allOf": [CREDENTIAL, _obj({"node_id": UUID}, ["node_id"])]}, "Revoked"
-                        ),
+                        "200": _json({"allOf": [CREDENTIAL, _obj({"node_id": UUID}, ["node_id"])]}, "Revoked"),
                         **_errors(401, 404, 409),
                     },
                 }

@@ -37,9 +37,7 @@ def json_object() -> dict[str, Any]:
             400, "MALFORMED_JSON", "The request body is not valid UTF-8 JSON.", "Send a JSON object."
         ) from None
     if not isinstance(body, dict):
-        raise ApiError(
-            400, "BODY_NOT_OBJECT", "The request body must be a JSON object.", "Send a JSON object."
-        )
+        raise ApiError(400, "BODY_NOT_OBJECT", "The request body must be a JSON object.", "Send a JSON object.")
     return body
 
 
