@@ -107,3 +107,16 @@ def server(database_url, tmp_path):
     running.start()
     yield running
     running.stop()
+
+
+@pytest.fixture
+def agent_server(sqlite_template, tmp_path):
+    """The real control plane for agent tests: SQLite, two workers, a one-second heartbeat interval."""
+    path = tmp_path / "agent-server.sqlite3"
+    shutil.copyfile(sqlite_template, path)
+    running = support.GunicornServer(
+        f"sqlite:///{path}", tmp_path, workers=2, MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1"
+    )
+    running.start()
+    yield running
+    running.stop()
