@@ -25,6 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -577,7 +578,13 @@ class Client:
     """Outbound-only HTTP to the control plane (P1)."""
 
     def __init__(self, config: Config) -> None:
-        import requests
+        # The agent only ever reads JSON (whose encoding RFC 8259 fixes), so requests' optional
+        # character-set detector would be 4 MiB of resident memory for nothing: leave it out.
+        for detector in ("charset_normalizer", "chardet"):
+            sys.modules.setdefault(detector, None)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Unable to find acceptable character detection")
+            import requests
 
         self._requests = requests
         self.base = config.control_plane_url
@@ -731,7 +738,7 @@ class Agent:
     def wait_after(self, error: PublishError) -> None:
         """Log the A3 line and sleep the backoff (interruptible by SIGTERM)."""
         delay = self.backoff.next_delay()
-        log.warning("%s (backoff %s, next try in %gs)", error.describe(), self.backoff.describe(), delay)
+        log.warning("%s (backoff %s); next try in %gs", error.describe(), self.backoff.describe(), delay)
         if self.stop.wait(self.backoff.jittered(delay)):
             raise Exit(EXIT_OK)
 

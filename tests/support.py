@@ -71,9 +71,18 @@ def assert_no_secrets(text: str, *secrets: str) -> None:
 class GunicornServer:
     """The control plane as users run it: gunicorn with several sync workers, as a subprocess."""
 
-    def __init__(self, database_url: str, tmp_path: Path, workers: int = 4, **env: str) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        tmp_path: Path,
+        workers: int = 4,
+        tls: tuple[Path, Path, Path] | None = None,
+        **env: str,
+    ) -> None:
+        """`tls` is (certificate, key, CA certificate): gunicorn then serves HTTPS with them."""
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.verify: bool | str = str(tls[2]) if tls else True
         self.log_path = tmp_path / f"gunicorn-{self.port}.log"
         self.env = {
             **os.environ,
@@ -82,6 +91,8 @@ class GunicornServer:
             "WEB_CONCURRENCY": str(workers),
             **env,
         }
+        if tls:
+            self.env["GUNICORN_CMD_ARGS"] = f"--certfile {tls[0]} --keyfile {tls[1]}"
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 20.0) -> None:
@@ -99,7 +110,7 @@ class GunicornServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"gunicorn exited with {self.process.returncode}:\n{self.log()}")
             try:
-                if requests.get(self.url + "/healthz", timeout=1).status_code == 200:
+                if requests.get(self.url + "/healthz", timeout=1, verify=self.verify).status_code == 200:
                     return
             except requests.ConnectionError:
                 pass

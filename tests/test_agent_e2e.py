@@ -13,7 +13,7 @@ from tests.agent_support import AgentProcess, mint_token
 from tests.support import ADMIN, assert_no_secrets
 
 pytestmark = pytest.mark.e2e
-A3_CONNECT = r"ConnectError on POST /api/v1/agent/heartbeat \(backoff 1s…16s, next try in (\d+)s\)"
+A3_CONNECT = r"ConnectError on POST /api/v1/agent/heartbeat \(backoff 1s…16s\); next try in (\d+)s"
 
 
 def node(server, node_id):
@@ -232,7 +232,7 @@ def test_preflight_flag_reports_and_never_touches_network_or_state(tmp_path):
 def test_sigterm_during_backoff_ends_within_a_second(tmp_path):
     agent = AgentProcess(tmp_path, "http://127.0.0.1:9", MODELFORGE_AGENT_ENROLLMENT_TOKEN="mfe_" + "t" * 43)
     agent.start()
-    agent.wait_for(r"ConnectError on POST /api/v1/agent/enroll \(backoff 1s…16s, next try in 4s\)", timeout=20)
+    agent.wait_for(r"ConnectError on POST /api/v1/agent/enroll \(backoff 1s…16s\); next try in 4s", timeout=20)
     assert agent.stop() < 1.0
     assert agent.process.returncode == 0
     assert "t" * 43 not in agent.log()
