@@ -13,6 +13,7 @@ from app.config import Settings
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
+from app.models.telemetry import sample_dict
 from app.timeutil import isoformat, utcnow
 
 
@@ -40,36 +41,26 @@ def get(node_id: str) -> Node:
     return node
 
 
-def _latest_telemetry(node_ids: list[str]) -> dict[str, list[TelemetrySample]]:
-    """The newest sample of each GPU of these nodes, in one query."""
+def _latest_telemetry(node_ids: list[str]) -> dict[str, list[dict[str, object]]]:
+    """The newest sample of each GPU of these nodes: one index probe per GPU, in one query."""
     if not node_ids:
         return {}
     newest = (
-        sa.select(
-            TelemetrySample.node_id,
-            TelemetrySample.gpu_uuid,
-            sa.func.max(TelemetrySample.sampled_at).label("sampled_at"),
-        )
-        .where(TelemetrySample.node_id.in_(node_ids))
-        .group_by(TelemetrySample.node_id, TelemetrySample.gpu_uuid)
-        .subquery()
+        sa.select(sa.func.max(TelemetrySample.sampled_at))
+        .where(TelemetrySample.gpu_id == Gpu.id)
+        .correlate(Gpu)
+        .scalar_subquery()
     )
-    rows = db.session.scalars(
-        sa.select(TelemetrySample)
-        .join(
-            newest,
-            sa.and_(
-                TelemetrySample.node_id == newest.c.node_id,
-                TelemetrySample.gpu_uuid == newest.c.gpu_uuid,
-                TelemetrySample.sampled_at == newest.c.sampled_at,
-            ),
-        )
-        .order_by(TelemetrySample.gpu_uuid, TelemetrySample.id.desc())
+    rows = db.session.execute(
+        sa.select(Gpu.node_id, Gpu.uuid, TelemetrySample)
+        .join(TelemetrySample, sa.and_(TelemetrySample.gpu_id == Gpu.id, TelemetrySample.sampled_at == newest))
+        .where(Gpu.node_id.in_(node_ids))
+        .order_by(Gpu.node_id, Gpu.pci_bus_id, Gpu.uuid)
     )
-    latest: dict[str, dict[str, TelemetrySample]] = defaultdict(dict)
-    for sample in rows:
-        latest[sample.node_id].setdefault(sample.gpu_uuid, sample)
-    return {node_id: list(by_gpu.values()) for node_id, by_gpu in latest.items()}
+    latest: dict[str, list[dict[str, object]]] = defaultdict(list)
+    for node_id, gpu_uuid, sample in rows:
+        latest[node_id].append(sample_dict(gpu_uuid, sample))
+    return latest
 
 
 def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, object]]:
@@ -120,7 +111,7 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
                     {**inventory.facts, "received_at": isoformat(inventory.received_at)} if inventory else None
                 ),
                 "gpus": [gpu.to_dict() for gpu in gpus[node.id]],
-                "telemetry": [sample.to_dict() for sample in telemetry.get(node.id, [])],
+                "telemetry": telemetry.get(node.id, []),
                 "eligibility": {
                     "production_eligible": node.production_eligible,
                     "lab_eligible": node.lab_eligible,

@@ -6,11 +6,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from app import audit, tokens
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
+from app.models.telemetry import METRICS
 from app.timeutil import utcnow
 
 
@@ -30,11 +33,12 @@ _leases = NodeLease.__table__
 _AUTHENTICATE = (
     sa.select(_credentials.c.token_hash, _credentials.c.revoked_at, _nodes.c.id, _nodes.c.disabled, _leases.c.status)
     .select_from(
-        _credentials.join(_nodes, _nodes.c.id == _credentials.c.node_id).outerjoin(
-            _leases, _leases.c.node_id == _nodes.c.id
-        )
+        _credentials.join(_nodes, _nodes.c.id == _credentials.c.node_id).join(_leases, _leases.c.node_id == _nodes.c.id)
     )
     .where(_credentials.c.token_hash == sa.bindparam("digest"))
+    # PostgreSQL: hold the lease row until commit, so a liveness sweep cannot mark the node
+    # stale between this read and the heartbeat's write (SQLite's BEGIN IMMEDIATE already does).
+    .with_for_update(of=_leases)
 )
 _VERSION_COLUMNS = ("agent_version", "protocol_version", "compatibility", "last_seen_at")
 _NOTE_VERSIONS = (
@@ -52,7 +56,33 @@ _HEARTBEAT = (
         }
     )
 )
-_INSERT_SAMPLES = TelemetrySample.__table__.insert()
+_gpus = Gpu.__table__
+_GPU_IDS = sa.select(_gpus.c.uuid, _gpus.c.id).where(_gpus.c.node_id == sa.bindparam("gpu_node_id"))
+# A sample the agent sends twice (its reply was lost) is stored once: (gpu_id, sampled_at) is the key.
+_INSERT_SAMPLES = {
+    "sqlite": sqlite_insert(TelemetrySample.__table__).on_conflict_do_nothing(),
+    "postgresql": postgresql_insert(TelemetrySample.__table__).on_conflict_do_nothing(),
+}
+_INSERT_GPUS = {
+    "sqlite": sqlite_insert(_gpus).on_conflict_do_nothing(),
+    "postgresql": postgresql_insert(_gpus).on_conflict_do_nothing(),
+}
+
+
+def _gpu_ids(connection: sa.Connection, node_id: str, uuids: set[str], now: datetime) -> dict[str, int]:
+    """The integer keys of a node's GPUs; a GPU seen in telemetry before any inventory is added."""
+    known = dict(connection.execute(_GPU_IDS, {"gpu_node_id": node_id}).all())
+    missing = uuids - known.keys()
+    if missing:
+        connection.execute(
+            _INSERT_GPUS[connection.dialect.name],
+            [
+                {"node_id": node_id, "uuid": uuid, "present": True, "first_seen_at": now, "last_seen_at": now}
+                for uuid in sorted(missing)
+            ],
+        )
+        known = dict(connection.execute(_GPU_IDS, {"gpu_node_id": node_id}).all())
+    return known
 
 
 def authenticate(secret: str) -> Publisher:
@@ -120,10 +150,13 @@ def record_heartbeat(
         },
     )
     if samples:
-        connection.execute(
-            _INSERT_SAMPLES,
-            [{**sample, "node_id": publisher.node_id, "received_at": now} for sample in samples],
-        )
+        gpu_ids = _gpu_ids(connection, publisher.node_id, {sample["gpu_uuid"] for sample in samples}, now)
+        rows = [
+            {"gpu_id": gpu_ids[sample["gpu_uuid"]], "sampled_at": sample["sampled_at"]}
+            | {metric: sample[metric] for metric in METRICS}
+            for sample in samples
+        ]
+        connection.execute(_INSERT_SAMPLES[connection.dialect.name], rows)
     if publisher.lease_status != "online":
         action = "node.online" if publisher.lease_status in (None, "pending") else "node.returned"
         audit.record(audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=publisher.lease_status)

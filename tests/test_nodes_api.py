@@ -8,7 +8,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from app.extensions import db
-from app.models import NodeLease, TelemetrySample
+from app.models import Gpu, NodeLease, TelemetrySample
 from app.timeutil import utcnow
 from tests import factories
 from tests.support import ADMIN
@@ -241,8 +241,14 @@ def test_telemetry_rows_are_written_apart_from_the_lease(app, client):
     samples = [factories.sample("GPU-A"), factories.sample("GPU-B")]
     client.post(HEARTBEAT, json=factories.heartbeat_body(samples), headers=auth)
     client.post(HEARTBEAT, json=factories.heartbeat_body([]), headers=auth)
+    # A retried heartbeat (its reply was lost) does not store the same samples twice.
+    client.post(HEARTBEAT, json=factories.heartbeat_body(samples), headers=auth)
     with app.app_context():
-        stored = db.session.scalars(sa.select(TelemetrySample.gpu_uuid).order_by(TelemetrySample.gpu_uuid)).all()
+        stored = db.session.scalars(
+            sa.select(Gpu.uuid).join(TelemetrySample, TelemetrySample.gpu_id == Gpu.id).order_by(Gpu.uuid)
+        ).all()
         leases = db.session.scalars(sa.select(NodeLease)).all()
     assert stored == ["GPU-A", "GPU-B"]
     assert len(leases) == 1 and leases[0].last_heartbeat_at is not None
+    # GPUs first seen in telemetry are registered, to be described by the next inventory.
+    assert {gpu["uuid"] for gpu in node_view(client, node["node_id"])["gpus"]} == {"GPU-A", "GPU-B"}

@@ -5,7 +5,8 @@ from app.models.credential import Credential
 from app.models.enrollment import Enrollment, EnrollmentState
 from app.models.inventory import Gpu, NodeInventory
 from app.models.node import Node, NodeLease
-from app.models.telemetry import TelemetrySample
+from app.models.scheduling import SweepTick
+from app.models.telemetry import TelemetryRollup, TelemetrySample
 
 __all__ = [
     "AuditEvent",
@@ -16,5 +17,7 @@ __all__ = [
     "Node",
     "NodeInventory",
     "NodeLease",
+    "SweepTick",
+    "TelemetryRollup",
     "TelemetrySample",
 ]
