@@ -795,6 +795,9 @@ class Agent:
         for gpu in self.gpus:
             sample, errors = self.nvml.sample(int(gpu["index"]), str(gpu["uuid"]))
             samples.append(sample)
+            # A sensor the GPU does not have (NotSupported) is a fact, not a fault: it is sent as
+            # null and does not degrade health. Any other failed reading does.
+            errors = {metric: name for metric, name in errors.items() if name != "NVMLError_NotSupported"}
             if errors:
                 failures[str(gpu["uuid"])] = errors
         return samples, failures

@@ -38,6 +38,9 @@ class Settings:
     sweep_interval_seconds: int
     hardware_refresh_on_startup: bool
     max_request_bytes: int
+    telemetry_raw_retention_seconds: int
+    telemetry_rollup_retention_seconds: int
+    run_scheduler: bool
 
     def as_flask_config(self) -> dict[str, object]:
         """The Flask config keys these settings fill in."""
@@ -172,6 +175,14 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
             f"MODELFORGE_NODE_STALE_AFTER_SECONDS ({stale})"
         )
 
+    raw_retention = _int(env, "MODELFORGE_TELEMETRY_RAW_RETENTION_SECONDS", 6 * 3600, minimum=300)
+    rollup_retention = _int(env, "MODELFORGE_TELEMETRY_ROLLUP_RETENTION_SECONDS", 7 * 86400, minimum=300)
+    if rollup_retention < raw_retention:
+        raise ConfigError(
+            f"MODELFORGE_TELEMETRY_ROLLUP_RETENTION_SECONDS ({rollup_retention}) must be at least "
+            f"MODELFORGE_TELEMETRY_RAW_RETENTION_SECONDS ({raw_retention})"
+        )
+
     bind = env.get("MODELFORGE_BIND", "").strip() or "127.0.0.1:8000"
     return Settings(
         instance_path=instance_path,
@@ -186,4 +197,7 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         sweep_interval_seconds=_int(env, "MODELFORGE_SWEEP_INTERVAL_SECONDS", 5),
         hardware_refresh_on_startup=_bool(env, "MODELFORGE_HARDWARE_REFRESH_ON_STARTUP", False),
         max_request_bytes=_int(env, "MODELFORGE_MAX_REQUEST_BYTES", 256 * 1024, minimum=1024),
+        telemetry_raw_retention_seconds=raw_retention,
+        telemetry_rollup_retention_seconds=rollup_retention,
+        run_scheduler=_bool(env, "MODELFORGE_SCHEDULER", True),
     )

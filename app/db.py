@@ -31,6 +31,15 @@ class WriterQueue:
         self._depth = 0
         self._pid: int | None = None
         self._fd: int | None = None
+        # A fork while another thread (the master's scheduler) holds the lock must not hand the
+        # child a lock that no thread of its own will ever release.
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._pid = None
+        self._fd = None
 
     def acquire(self) -> None:
         """Wait for this process's turn, then for the file lock."""

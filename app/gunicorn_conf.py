@@ -20,3 +20,19 @@ def post_fork(server, worker):
 
     with worker.app.wsgi().app_context():
         db.engine.dispose(close=False)
+
+
+def when_ready(server):
+    """One scheduler per process group, in the master — never one per worker (L3)."""
+    app = server.app.wsgi()
+    if app.config["MODELFORGE"].run_scheduler:
+        from app import scheduler
+
+        server.modelforge_scheduler = scheduler.start(app)
+
+
+def on_exit(server):
+    """Stop the scheduler with the master."""
+    running = getattr(server, "modelforge_scheduler", None)
+    if running is not None:
+        running.shutdown(wait=False)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
 
 import sqlalchemy as sa
 
-from app import audit, tokens
+from app import audit, liveness, tokens
 from app.compat import compatibility
 from app.config import Settings
 from app.errors import DomainError
@@ -15,18 +14,6 @@ from app.extensions import db
 from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
 from app.models.telemetry import sample_dict
 from app.timeutil import isoformat, utcnow
-
-
-def liveness(last_heartbeat_at: datetime | None, now: datetime, settings: Settings) -> tuple[str, float | None]:
-    """L1: status and heartbeat age, computed from the stored time so a stopped agent ages."""
-    if last_heartbeat_at is None:
-        return "pending", None
-    age = max((now - last_heartbeat_at).total_seconds(), 0.0)
-    if age <= settings.node_stale_after_seconds:
-        return "online", age
-    if age <= settings.node_offline_after_seconds:
-        return "stale", age
-    return "offline", age
 
 
 def get(node_id: str) -> Node:
@@ -85,7 +72,7 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
     now = utcnow()
     described = []
     for node, lease, inventory, credential in rows:
-        status, age = liveness(lease.last_heartbeat_at if lease else None, now, settings)
+        status, age = liveness.status_of(lease.last_heartbeat_at if lease else None, now, settings)
         described.append(
             {
                 "id": node.id,

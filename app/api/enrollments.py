@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import request
 
-from app import enrollment
+from app import enrollment, readiness
 from app.api import bp, json_response, settings
 from app.api.auth import admin_required
 from app.api.validation import Fields, invalid, json_object
@@ -74,3 +74,10 @@ def get_enrollment(enrollment_id: str):
 def revoke_enrollment(enrollment_id: str):
     """Revoke an unused token."""
     return json_response(enrollment.revoke(enrollment_id).to_dict())
+
+
+@bp.get("/admin/node-enrollments/<enrollment_id>/readiness")
+@admin_required
+def enrollment_readiness(enrollment_id: str):
+    """R2: readiness of the node that consumed this enrolment, for the wizard to poll."""
+    return json_response(readiness.for_enrollment(enrollment.get(enrollment_id), settings()))

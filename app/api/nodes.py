@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app import nodes
+from app import nodes, readiness
 from app.api import bp, json_response, settings
 from app.api.auth import admin_required
 
@@ -54,3 +54,13 @@ def enable_node(node_id: str):
     """Undo disable."""
     nodes.set_disabled(node_id, False)
     return json_response(nodes.describe([node_id], settings())[0])
+
+
+@bp.get("/admin/nodes/<node_id>/readiness")
+@admin_required
+def node_readiness(node_id: str):
+    """R2: is this exact node ready, check by check."""
+    result = readiness.for_node(node_id, settings())
+    if result is None:
+        nodes.get(node_id)  # raises NODE_NOT_FOUND
+    return json_response(result)

@@ -208,6 +208,28 @@ NODE = _obj(
     ],
 )
 
+READINESS = _obj(
+    {
+        "node_id": {"type": ["string", "null"]},
+        "enrollment_id": {"type": "string"},
+        "ready": {"type": "boolean"},
+        "checked_at": TIME,
+        "checks": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "name": {"enum": ["connection", "inventory", "protocol", "agent_health", "telemetry"]},
+                    "status": {"enum": ["pass", "pending", "fail"]},
+                    "detail": {"type": "string"},
+                    "next_step": {"type": "string"},
+                },
+                ["name", "status", "detail", "next_step"],
+            ),
+        },
+    },
+    ["node_id", "ready", "checked_at", "checks"],
+)
+
 AGENT_VERSIONS = {
     "protocol_version": {"type": "integer", "examples": list(SUPPORTED_PROTOCOLS)},
     "agent_version": {"type": "string", "minLength": 1, "maxLength": 64},
@@ -359,6 +381,15 @@ def _paths() -> dict:
                 }
             ),
         },
+        "/api/v1/admin/node-enrollments/{enrollment_id}/readiness": {
+            "parameters": enrollment_id,
+            "get": _admin(
+                {
+                    "summary": "Readiness of the node that consumed this enrolment (R2)",
+                    "responses": {"200": _json(READINESS, "Readiness"), **_errors(401, 404)},
+                }
+            ),
+        },
         "/api/v1/admin/node-enrollments/{enrollment_id}/revoke": {
             "parameters": enrollment_id,
             "post": _admin(
@@ -418,6 +449,15 @@ def _paths() -> dict:
                         "200": _json({"allOf": [CREDENTIAL, _obj({"node_id": UUID}, ["node_id"])]}, "Revoked"),
                         **_errors(401, 404, 409),
                     },
+                }
+            ),
+        },
+        "/api/v1/admin/nodes/{node_id}/readiness": {
+            "parameters": node_id,
+            "get": _admin(
+                {
+                    "summary": "Is this exact node ready, check by check (R1, R2)",
+                    "responses": {"200": _json(READINESS, "Readiness"), **_errors(401, 404)},
                 }
             ),
         },

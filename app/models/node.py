@@ -38,10 +38,12 @@ class NodeLease(db.Model):
     """
 
     __tablename__ = "node_leases"
+    # L3: the liveness sweep's conditional UPDATEs probe (status, last heartbeat) together.
+    __table_args__ = (sa.Index("ix_node_leases_status_heartbeat", "status", "last_heartbeat_at"),)
 
     node_id: Mapped[str] = mapped_column(sa.ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True)
-    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, index=True)
-    status: Mapped[str] = mapped_column(sa.String(16), default="pending", index=True)
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    status: Mapped[str] = mapped_column(sa.String(16), default="pending")
     health_status: Mapped[str | None] = mapped_column(sa.String(16))
     health_detail: Mapped[str | None] = mapped_column(sa.String(1000))
     agent_version: Mapped[str | None] = mapped_column(sa.String(64))

@@ -2,7 +2,7 @@
 
 Revision ID: 0001_initial
 Revises:
-Create Date: 2026-11-30 02:26:21.830337
+Create Date: 2026-11-30 02:30:41.078972
 
 """
 from alembic import op
@@ -139,8 +139,7 @@ def upgrade():
     sa.PrimaryKeyConstraint('node_id')
     )
     with op.batch_alter_table('node_leases', schema=None) as batch_op:
-        batch_op.create_index(batch_op.f('ix_node_leases_last_heartbeat_at'), ['last_heartbeat_at'], unique=False)
-        batch_op.create_index(batch_op.f('ix_node_leases_status'), ['status'], unique=False)
+        batch_op.create_index('ix_node_leases_status_heartbeat', ['status', 'last_heartbeat_at'], unique=False)
 
     op.create_table('telemetry_rollups',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
@@ -195,8 +194,7 @@ def downgrade():
 
     op.drop_table('telemetry_rollups')
     with op.batch_alter_table('node_leases', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_node_leases_status'))
-        batch_op.drop_index(batch_op.f('ix_node_leases_last_heartbeat_at'))
+        batch_op.drop_index('ix_node_leases_status_heartbeat')
 
     op.drop_table('node_leases')
     op.drop_table('node_inventories')

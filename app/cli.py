@@ -1,0 +1,24 @@
+"""`flask --app wsgi modelforge …` commands for operators."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from flask import Flask, current_app
+from flask.cli import AppGroup
+
+from app import scheduler
+
+group = AppGroup("modelforge", help="ModelForge operator commands.")
+
+
+@group.command("sweep")
+def sweep_command() -> None:
+    """Run the liveness, enrolment-expiry and telemetry-retention sweeps once, now."""
+    click.echo(json.dumps(scheduler.run_all_now(current_app.config["MODELFORGE"]), indent=2))
+
+
+def init_app(app: Flask) -> None:
+    """Register the command group."""
+    app.cli.add_command(group)

@@ -1,0 +1,118 @@
+"""Periodic sweeps under APScheduler, each exactly once per tick however many schedulers run (L3).
+
+One scheduler runs per control-plane process group — in the gunicorn master, never in a
+worker. Several replicas on one PostgreSQL each run one, and every tick is claimed in the
+database by a conditional UPDATE whose row count picks the one scheduler that runs it:
+
+    UPDATE sweep_ticks SET last_tick = :tick, runs = runs + 1 WHERE name = :name AND last_tick < :tick
+
+Ticks are wall-clock numbers (floor(now / interval)), so every scheduler agrees on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+from flask import Flask
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import SQLAlchemyError
+
+from app import enrollment, liveness, retention
+from app.config import Settings
+from app.extensions import db
+from app.models import SweepTick
+from app.timeutil import utcnow
+
+log = logging.getLogger("modelforge.scheduler")
+RETENTION_INTERVAL_SECONDS = 60
+_ticks = SweepTick.__table__
+_CREATE_TICK = {
+    "sqlite": sqlite_insert(_ticks).on_conflict_do_nothing(),
+    "postgresql": postgresql_insert(_ticks).on_conflict_do_nothing(),
+}
+
+
+def holder_name() -> str:
+    """Who claimed a tick: host and process, for the operator reading sweep_ticks."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claim_tick(name: str, tick: int, holder: str) -> bool:
+    """True for exactly one caller per (name, tick): the row count decides (L3)."""
+    connection = db.session.connection()
+    connection.execute(_CREATE_TICK[connection.dialect.name], {"name": name, "last_tick": 0, "runs": 0})
+    claimed = connection.execute(
+        _ticks.update()
+        .where(_ticks.c.name == name, _ticks.c.last_tick < tick)
+        .values(last_tick=tick, holder=holder, claimed_at=utcnow(), runs=_ticks.c.runs + 1)
+    ).rowcount
+    db.session.commit()
+    return claimed == 1
+
+
+def sweeps(settings: Settings) -> dict[str, tuple[int, Callable[[], dict[str, int]]]]:
+    """Each sweep's name, interval and work."""
+    return {
+        "liveness": (settings.sweep_interval_seconds, lambda: liveness.sweep(settings)),
+        "enrollment-expiry": (settings.sweep_interval_seconds, lambda: {"expired": enrollment.sweep_expired()}),
+        "telemetry-retention": (RETENTION_INTERVAL_SECONDS, lambda: retention.sweep(settings)),
+    }
+
+
+def run_if_due(app: Flask, name: str, interval: int, work: Callable[[], dict[str, int]], holder: str) -> bool:
+    """Claim this tick of `name` and run it; False when another scheduler has it."""
+    tick = int(time.time() // interval)
+    with app.app_context():
+        try:
+            if not claim_tick(name, tick, holder):
+                return False
+            result = work()
+        except SQLAlchemyError as error:
+            db.session.rollback()
+            log.warning("sweep %s tick %d failed: %s", name, tick, type(error).__name__)
+            return False
+        finally:
+            db.session.remove()
+    if any(result.values()):
+        log.info("sweep %s tick %d: %s", name, tick, result)
+    return True
+
+
+def start(app: Flask) -> BackgroundScheduler:
+    """Start this process group's scheduler; jobs fire just after each wall-clock tick boundary."""
+    settings: Settings = app.config["MODELFORGE"]
+    scheduler = BackgroundScheduler(timezone=UTC, job_defaults={"coalesce": True, "max_instances": 1})
+    holder = holder_name()
+    now = time.time()
+    for name, (interval, work) in sweeps(settings).items():
+        first = (math.floor(now / interval) + 1) * interval + 0.05
+        scheduler.add_job(
+            run_if_due,
+            IntervalTrigger(seconds=interval, start_date=datetime.fromtimestamp(first, UTC)),
+            args=(app, name, interval, work, holder),
+            id=name,
+            misfire_grace_time=max(1, interval // 2),
+        )
+    scheduler.start()
+    log.info("scheduler %s started: %s", holder, ", ".join(sweeps(settings)))
+    return scheduler
+
+
+def run_all_now(settings: Settings) -> dict[str, dict[str, int]]:
+    """Run every sweep once, now, without claiming a tick (for `flask modelforge sweep`)."""
+    return {name: work() for name, (_, work) in sweeps(settings).items()}
+
+
+def sweep_runs() -> dict[str, int]:
+    """How many times each sweep has run, across every scheduler."""
+    return dict(db.session.execute(sa.select(SweepTick.name, SweepTick.runs)).all())
