@@ -46,8 +46,9 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
 def _configure_logging(app: Flask) -> None:
     """Log through gunicorn's handlers when served by it, else to stderr."""
     gunicorn_logger = logging.getLogger("gunicorn.error")
-    if gunicorn_logger.handlers:
-        app.logger.handlers = gunicorn_logger.handlers
-        app.logger.setLevel(gunicorn_logger.level)
-    else:
-        app.logger.setLevel(logging.INFO)
+    for logger in (app.logger, logging.getLogger("modelforge")):
+        if gunicorn_logger.handlers:
+            logger.handlers = gunicorn_logger.handlers
+            logger.setLevel(gunicorn_logger.level)
+        else:
+            logger.setLevel(logging.INFO)
