@@ -11,10 +11,11 @@ from app.compat import COMPATIBLE
 from app.config import Settings
 from app.extensions import db
 from app.models import AuditEvent, Node, NodeLease
-from app.timeutil import isoformat, utcnow
+from app.timeutil import UTCDateTime, isoformat, utcnow
 
 ONLINE, STALE, OFFLINE, PENDING = "online", "stale", "offline", "pending"
 _leases = NodeLease.__table__
+_audit = AuditEvent.__table__
 
 
 def status_of(last_heartbeat_at: datetime | None, now: datetime, settings: Settings) -> tuple[str, float | None]:
@@ -29,46 +30,50 @@ def status_of(last_heartbeat_at: datetime | None, now: datetime, settings: Setti
     return OFFLINE, age
 
 
-def _transition(previous: str, new: str, cutoff: datetime) -> list[str]:
-    """One conditional UPDATE … RETURNING: only rows this run changed come back."""
-    statement = (
-        _leases.update()
-        .where(_leases.c.status == previous, _leases.c.last_heartbeat_at <= cutoff)
-        .values(status=new)
-        .returning(_leases.c.node_id)
-    )
-    return list(db.session.connection().execute(statement).scalars())
+def _transition(previous: str, new: str, cutoff: datetime, now: datetime) -> int:
+    """Move leases from `previous` to `new` and audit each moved node, without a Python loop.
+
+    PostgreSQL: one statement, `WITH moved AS (UPDATE … RETURNING node_id) INSERT … SELECT
+    FROM moved`, so the events are exactly the rows this run changed. SQLite: INSERT … SELECT
+    then the same UPDATE, inside one BEGIN IMMEDIATE transaction that no writer can enter.
+    """
+    matches = (_leases.c.status == previous, _leases.c.last_heartbeat_at <= cutoff)
+    update = _leases.update().where(*matches).values(status=new)
+    details = {"previous": previous, "swept_at": isoformat(now)}
+
+    def events(node_id_column) -> sa.Select:
+        return sa.select(
+            sa.literal(now, UTCDateTime()),
+            sa.literal(audit.SYSTEM),
+            sa.literal(f"node.{new}"),
+            node_id_column,
+            sa.literal(details, sa.JSON()),
+        )
+
+    columns = ["at", "actor", "action", "node_id", "details"]
+    connection = db.session.connection()
+    if connection.dialect.name == "postgresql":
+        moved = update.returning(_leases.c.node_id).cte("moved")
+        inserted = _audit.insert().from_select(columns, events(moved.c.node_id)).returning(_audit.c.id)
+        return len(connection.execute(inserted).all())
+    audited = connection.execute(_audit.insert().from_select(columns, events(_leases.c.node_id).where(*matches)))
+    connection.execute(update)
+    return audited.rowcount
 
 
 def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
     """Move silent nodes to stale and offline; audit each transition exactly once (L1, L3, P4).
 
-    Set-based on the indexed status and heartbeat columns: a duplicate run at the same moment
+    Set-based on the (status, last heartbeat) index: a duplicate run at the same moment
     matches no row, so it changes nothing and audits nothing.
     """
     now = now or utcnow()
     offline_cutoff = now - timedelta(seconds=settings.node_offline_after_seconds)
     stale_cutoff = now - timedelta(seconds=settings.node_stale_after_seconds)
-    moved: list[tuple[str, str, str]] = []
-    for previous in (ONLINE, STALE):
-        moved += [(node_id, previous, OFFLINE) for node_id in _transition(previous, OFFLINE, offline_cutoff)]
-    moved += [(node_id, ONLINE, STALE) for node_id in _transition(ONLINE, STALE, stale_cutoff)]
-    if moved:
-        db.session.execute(
-            sa.insert(AuditEvent),
-            [
-                {
-                    "at": now,
-                    "actor": audit.SYSTEM,
-                    "action": f"node.{new}",
-                    "node_id": node_id,
-                    "details": {"previous": previous, "swept_at": isoformat(now)},
-                }
-                for node_id, previous, new in moved
-            ],
-        )
+    offline = sum(_transition(previous, OFFLINE, offline_cutoff, now) for previous in (ONLINE, STALE))
+    stale = _transition(ONLINE, STALE, stale_cutoff, now)
     db.session.commit()
-    return {"stale": sum(new == STALE for *_, new in moved), "offline": sum(new == OFFLINE for *_, new in moved)}
+    return {"stale": stale, "offline": offline}
 
 
 def may_receive_work(node_id: str, settings: Settings, now: datetime | None = None) -> tuple[bool, str]:

@@ -43,7 +43,9 @@ class TelemetrySample(db.Model):
 
     __tablename__ = "telemetry_samples"
     __table_args__ = (
-        sa.Index("ix_telemetry_samples_sampled_at", "sampled_at"),
+        # Retention deletes by time. Samples arrive in time order, so on PostgreSQL a BRIN
+        # index (a few pages) does what a B-tree would at a fraction of the size.
+        sa.Index("ix_telemetry_samples_sampled_at", "sampled_at", postgresql_using="brin"),
         {"sqlite_with_rowid": False},
     )
 

@@ -177,7 +177,7 @@ def upgrade():
     sqlite_with_rowid=False
     )
     with op.batch_alter_table('telemetry_samples', schema=None) as batch_op:
-        batch_op.create_index('ix_telemetry_samples_sampled_at', ['sampled_at'], unique=False)
+        batch_op.create_index('ix_telemetry_samples_sampled_at', ['sampled_at'], unique=False, postgresql_using='brin')
 
     # ### end Alembic commands ###
 
