@@ -107,6 +107,7 @@ def server(database_url, tmp_path):
     running.start()
     yield running
     running.stop()
+    print(running.log()[-20000:])  # shown only when the test fails
 
 
 @pytest.fixture

@@ -97,6 +97,10 @@ def init_app(app: Flask) -> None:
     def on_internal_error(error):
         # The 500 handler rolls the session back (microblog); the body never echoes input.
         db.session.rollback()
+        original = getattr(error, "original_exception", error)
+        current_app.logger.error(
+            "unhandled %s on %s %s", type(original).__name__, request.method, request.path, exc_info=original
+        )
         if not _is_api_request():
             return "Internal server error", 500
         return error_response(
