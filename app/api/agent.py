@@ -55,13 +55,12 @@ def _reply(answer: dict[str, object], http_status: int = 200, **payload: object)
     )
 
 
-def _publisher(versions: publishing.Versions, answer: dict[str, object]) -> publishing.Publisher:
-    """Authenticate the credential, then refuse an incompatible agent after noting what it sent."""
-    publisher = publishing.authenticate(bearer_credential())
+def _refuse_if_incompatible(versions: publishing.Versions, answer: dict[str, object]) -> None:
+    """A1: refuse an incompatible agent before reading its body further; its node remembers why."""
     if answer["answer"] != COMPATIBLE:
+        publisher = publishing.authenticate(bearer_credential())
         publishing.note_versions(publisher.node_id, versions)
         raise _incompatible(answer)
-    return publisher
 
 
 @bp.post("/agent/enroll")
@@ -116,13 +115,15 @@ def inventory():
     """Store the node's latest inventory (N4)."""
     fields = Fields(json_object())
     versions, answer = _versions(fields)
-    publisher = _publisher(versions, answer)
+    _refuse_if_incompatible(versions, answer)
     facts = fields.obj("inventory")
     facts.string("hostname", required=False, max_length=255)
     gpus = [_gpu(facts, index, value) for index, value in enumerate(facts.array("gpus", max_items=MAX_GPUS))]
     if len({gpu["uuid"] for gpu in gpus}) != len(gpus):
         raise invalid("inventory.gpus", "lists one GPU UUID twice")
     stored_facts = {key: value for key, value in facts.data.items() if key != "gpus"}
+    # Validated first, authenticated last: the write transaction (and its lock) starts here.
+    publisher = publishing.authenticate(bearer_credential())
     counts = publishing.record_inventory(publisher, versions, stored_facts, gpus)
     return _reply(answer, status="accepted", node_id=publisher.node_id, **counts)
 
@@ -152,7 +153,7 @@ def heartbeat():
     """Record liveness, health and telemetry; the reply carries the next interval (A2, L2)."""
     fields = Fields(json_object())
     versions, answer = _versions(fields)
-    publisher = _publisher(versions, answer)
+    _refuse_if_incompatible(versions, answer)
     health = fields.obj("health")
     health_status = health.string("status", max_length=16)
     if health_status not in HEALTH_STATES:
@@ -162,5 +163,7 @@ def heartbeat():
         _sample(fields, index, value)
         for index, value in enumerate(fields.array("telemetry", max_items=MAX_GPUS, required=False))
     ]
+    # Validated first, authenticated last: the write transaction (and its lock) starts here.
+    publisher = publishing.authenticate(bearer_credential())
     publishing.record_heartbeat(publisher, versions, health_status, health_detail, samples)
     return _reply(answer, status="accepted", node_status="online", node_id=publisher.node_id)
