@@ -1,6 +1,9 @@
 """Gunicorn settings for `make run` and the tests: `gunicorn -c python:app.gunicorn_conf wsgi:app`."""
 
 import os
+import subprocess
+import sys
+import threading
 
 bind = os.environ.get("MODELFORGE_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "4"))
@@ -22,17 +25,37 @@ def post_fork(server, worker):
         db.engine.dispose(close=False)
 
 
-def when_ready(server):
-    """One scheduler per process group, in the master — never one per worker (L3)."""
-    app = server.app.wsgi()
-    if app.config["MODELFORGE"].run_scheduler:
-        from app import scheduler
+def _run_scheduler(server, stopping: threading.Event) -> None:
+    """Keep one sweep process alive beside the workers; it touches the database, we never do."""
+    while not stopping.is_set():
+        process = subprocess.Popen([sys.executable, "-m", "app.scheduler", "--parent-pid", str(os.getpid())])
+        server.modelforge_scheduler = process
+        process.wait()
+        if not stopping.wait(5):
+            server.log.warning("scheduler process exited with %s; starting another", process.returncode)
 
-        server.modelforge_scheduler = scheduler.start(app)
+
+def when_ready(server):
+    """One scheduler per process group, as its own process — never one per worker (L3).
+
+    Not a thread in this master: a fork of a process whose other thread holds a database
+    connection or lock would hand each new worker a copy it can never release.
+    """
+    if server.app.wsgi().config["MODELFORGE"].run_scheduler:
+        server.modelforge_stopping = threading.Event()
+        threading.Thread(target=_run_scheduler, args=(server, server.modelforge_stopping), daemon=True).start()
 
 
 def on_exit(server):
     """Stop the scheduler with the master."""
-    running = getattr(server, "modelforge_scheduler", None)
-    if running is not None:
-        running.shutdown(wait=False)
+    stopping = getattr(server, "modelforge_stopping", None)
+    if stopping is not None:
+        stopping.set()
+        process = getattr(server, "modelforge_scheduler", None)
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()

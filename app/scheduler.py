@@ -1,8 +1,9 @@
 """Periodic sweeps under APScheduler, each exactly once per tick however many schedulers run (L3).
 
-One scheduler runs per control-plane process group — in the gunicorn master, never in a
-worker. Several replicas on one PostgreSQL each run one, and every tick is claimed in the
-database by a conditional UPDATE whose row count picks the one scheduler that runs it:
+One scheduler runs per control-plane process group — its own process, started and watched by
+the gunicorn master, never one per worker. Several replicas on one PostgreSQL each run one,
+and every tick is claimed in the database by a conditional UPDATE whose row count picks the
+one scheduler that runs it:
 
     UPDATE sweep_ticks SET last_tick = :tick, runs = runs + 1 WHERE name = :name AND last_tick < :tick
 
@@ -11,16 +12,21 @@ Ticks are wall-clock numbers (floor(now / interval)), so every scheduler agrees 
 
 from __future__ import annotations
 
+import argparse
 import logging
 import math
 import os
+import signal
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from flask import Flask
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -88,10 +94,9 @@ def run_if_due(app: Flask, name: str, interval: int, work: Callable[[], dict[str
     return True
 
 
-def start(app: Flask) -> BackgroundScheduler:
-    """Start this process group's scheduler; jobs fire just after each wall-clock tick boundary."""
+def build(app: Flask, scheduler: BaseScheduler) -> BaseScheduler:
+    """Add every sweep to `scheduler`; jobs fire just after each wall-clock tick boundary."""
     settings: Settings = app.config["MODELFORGE"]
-    scheduler = BackgroundScheduler(timezone=UTC, job_defaults={"coalesce": True, "max_instances": 1})
     holder = holder_name()
     now = time.time()
     for name, (interval, work) in sweeps(settings).items():
@@ -103,9 +108,39 @@ def start(app: Flask) -> BackgroundScheduler:
             id=name,
             misfire_grace_time=max(1, interval // 2),
         )
-    scheduler.start()
-    log.info("scheduler %s started: %s", holder, ", ".join(sweeps(settings)))
     return scheduler
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m app.scheduler --parent-pid PID`: the sweep process that gunicorn's master starts.
+
+    It is a fresh interpreter, not a fork, so it shares no database connection or lock with
+    the web workers; it exits when its parent does.
+    """
+    parser = argparse.ArgumentParser(prog="python -m app.scheduler")
+    parser.add_argument("--parent-pid", type=int, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] [%(process)d] [%(levelname)s] %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # not a line per job run
+    from app import ConfigError, create_app
+
+    try:
+        app = create_app()
+    except ConfigError as error:
+        print(f"modelforge: configuration error: {error}", file=sys.stderr)
+        return 2
+    scheduler = build(app, BackgroundScheduler(timezone=UTC, job_defaults={"coalesce": True, "max_instances": 1}))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    scheduler.start()
+    log.info("scheduler %s started: %s", holder_name(), ", ".join(sweeps(app.config["MODELFORGE"])))
+    while not stop.wait(1.0):
+        if args.parent_pid is not None and os.getppid() != args.parent_pid:
+            log.warning("scheduler %s: the control plane that started it is gone; exiting", holder_name())
+            break
+    scheduler.shutdown(wait=True)
+    return 0
 
 
 def run_all_now(settings: Settings) -> dict[str, dict[str, int]]:
@@ -116,3 +151,7 @@ def run_all_now(settings: Settings) -> dict[str, dict[str, int]]:
 def sweep_runs() -> dict[str, int]:
     """How many times each sweep has run, across every scheduler."""
     return dict(db.session.execute(sa.select(SweepTick.name, SweepTick.runs)).all())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
