@@ -84,13 +84,18 @@ def _read_instance_secret(instance_path: Path, filename: str) -> str | None:
         return None
 
 
-def ensure_instance_secrets(instance_path: Path) -> dict[str, Path]:
-    """Create the operator key and session secret once, mode 0600; return the files made."""
+def ensure_instance_secrets(instance_path: Path, env: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """Create the operator key and session secret once, mode 0600, unless the environment sets
+    them; return the files made."""
+    env = env or {}
     instance_path.mkdir(parents=True, exist_ok=True)
     created = {}
-    for filename in (OPERATOR_KEY_FILE, SECRET_KEY_FILE):
+    for filename, variable in (
+        (OPERATOR_KEY_FILE, "MODELFORGE_OPERATOR_API_KEY"),
+        (SECRET_KEY_FILE, "MODELFORGE_SECRET_KEY"),
+    ):
         path = instance_path / filename
-        if path.exists():
+        if path.exists() or env.get(variable, "").strip():
             continue
         # O_EXCL: two starts racing never overwrite each other's key.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -14,7 +14,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 def main() -> int:
     """Generate instance/operator-api-key and instance/secret-key if missing; say where."""
     instance = Path(os.environ.get("MODELFORGE_INSTANCE_PATH") or PROJECT_ROOT / "instance")
-    created = ensure_instance_secrets(instance)
+    created = ensure_instance_secrets(instance, os.environ)
     key_path = instance / OPERATOR_KEY_FILE
     if os.environ.get("MODELFORGE_OPERATOR_API_KEY"):
         print("modelforge: operator API key comes from MODELFORGE_OPERATOR_API_KEY")

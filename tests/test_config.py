@@ -111,3 +111,9 @@ def test_gunicorn_refuses_to_start_with_one_line_naming_the_variable(tmp_path):
         "MODELFORGE_NODE_STALE_AFTER_SECONDS (120)" in result.stderr
     )
     assert "Traceback" not in result.stderr
+
+
+def test_secrets_set_in_the_environment_are_not_generated(tmp_path):
+    created = ensure_instance_secrets(tmp_path, {"MODELFORGE_OPERATOR_API_KEY": OPERATOR_KEY})
+    assert set(created) == {"secret-key"}
+    assert not (tmp_path / "operator-api-key").exists()
