@@ -21,7 +21,10 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = PROJECT_ROOT / "deploy"
 DOCS = PROJECT_ROOT / "docs"
 # CI keeps shared/ beside the repository (../shared from the repo root).
-COMPOSE_SCHEMA = Path(__file__).resolve().parents[2] / "shared/reference/compose-spec.json"
+# The Compose Specification schema (Apache-2.0, licence beside it), vendored so the suite runs
+# from any checkout; a test below keeps it identical to ../shared/reference when that exists.
+COMPOSE_SCHEMA = Path(__file__).resolve().parent / "data/compose-spec.json"
+SHARED_COMPOSE_SCHEMA = Path(__file__).resolve().parents[2] / "shared/reference/compose-spec.json"
 ENV_EXAMPLE = DEPLOY / ".env.node-agent.example"
 PREFLIGHT = DEPLOY / "env_preflight.py"
 UNRAID_TEMPLATE = DEPLOY / "unraid" / "modelforge-node-agent.xml"
@@ -741,3 +744,9 @@ def test_operator_guide_names_the_exact_log_lines_and_endpoints():
         "env_preflight.py",
     ]:
         assert needle in guide, needle
+
+
+def test_vendored_compose_schema_matches_the_shared_reference():
+    if not SHARED_COMPOSE_SCHEMA.exists():
+        pytest.skip("../shared/reference is not beside this checkout")
+    assert COMPOSE_SCHEMA.read_bytes() == SHARED_COMPOSE_SCHEMA.read_bytes()
