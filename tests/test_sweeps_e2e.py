@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -14,7 +19,7 @@ import sqlalchemy as sa
 
 from tests import factories
 from tests.agent_support import AgentProcess, mint_token
-from tests.support import ADMIN, GunicornServer
+from tests.support import ADMIN, PROJECT_ROOT, GunicornServer, app_env
 
 pytestmark = pytest.mark.e2e
 FAST = {
@@ -151,3 +156,55 @@ def test_two_control_planes_on_one_postgresql_sweep_each_tick_once(postgres_data
         second.stop()
     holders = set(re.findall(r"scheduler (\S+) started", first.log() + second.log()))
     assert len(holders) == 2  # both replicas ran a scheduler; the database picked one per tick
+
+
+def scheduler_pids(master_pid: int) -> list[int]:
+    found = subprocess.run(
+        ["pgrep", "-f", f"app.scheduler --parent-pid {master_pid}"], capture_output=True, text=True
+    ).stdout.split()
+    return [int(pid) for pid in found]
+
+
+def wait_until(condition, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+def test_the_master_restarts_a_dead_scheduler_and_the_scheduler_dies_with_the_master(fast_server):
+    master = fast_server.process.pid
+
+    def started() -> int:
+        return len(re.findall(r"scheduler \S+ started", fast_server.log()))
+
+    wait_until(lambda: started() == 1 and len(scheduler_pids(master)) == 1)
+    (first,) = scheduler_pids(master)
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: scheduler_pids(master) not in ([], [first]), timeout=20)
+    (second,) = scheduler_pids(master)
+    assert second != first
+    wait_until(lambda: started() == 2)
+
+    # A master killed outright (no on_exit hook) must not leave an orphan sweeping on its own.
+    os.kill(master, signal.SIGKILL)
+    fast_server.process.wait()
+    wait_until(lambda: not os.path.exists(f"/proc/{second}"), timeout=10)
+
+
+def test_operator_can_run_the_sweeps_once_from_the_command_line(tmp_path, sqlite_template):
+    database = tmp_path / "cli.sqlite3"
+    shutil.copyfile(sqlite_template, database)
+    env = {**os.environ, **app_env(f"sqlite:///{database}", tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "wsgi", "modelforge", "sweep"],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "liveness": {"stale": 0, "offline": 0},
+        "enrollment-expiry": {"expired": 0},
+        "telemetry-retention": {"rollups_written": 0, "samples_deleted": 0, "rollups_pruned": 0},
+    }
