@@ -9,6 +9,8 @@ import threading
 
 import sqlalchemy as sa
 from flask import Flask
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from app.extensions import db
 
@@ -147,3 +149,11 @@ def init_app(app: Flask) -> None:
 def begin_read_only() -> None:
     """Start this request's transaction as a reader (no SQLite write lock)."""
     db.session.connection(execution_options={READ_ONLY: True})
+
+
+def insert_ignoring_duplicates(table: sa.Table) -> dict[str, sa.Insert]:
+    """`INSERT … ON CONFLICT DO NOTHING` for each supported dialect, keyed by dialect name."""
+    return {
+        "sqlite": sqlite_insert(table).on_conflict_do_nothing(),
+        "postgresql": postgresql_insert(table).on_conflict_do_nothing(),
+    }

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from app import audit, tokens
+from app.db import insert_ignoring_duplicates
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
@@ -59,14 +58,8 @@ _HEARTBEAT = (
 _gpus = Gpu.__table__
 _GPU_IDS = sa.select(_gpus.c.uuid, _gpus.c.id).where(_gpus.c.node_id == sa.bindparam("gpu_node_id"))
 # A sample the agent sends twice (its reply was lost) is stored once: (gpu_id, sampled_at) is the key.
-_INSERT_SAMPLES = {
-    "sqlite": sqlite_insert(TelemetrySample.__table__).on_conflict_do_nothing(),
-    "postgresql": postgresql_insert(TelemetrySample.__table__).on_conflict_do_nothing(),
-}
-_INSERT_GPUS = {
-    "sqlite": sqlite_insert(_gpus).on_conflict_do_nothing(),
-    "postgresql": postgresql_insert(_gpus).on_conflict_do_nothing(),
-}
+_INSERT_SAMPLES = insert_ignoring_duplicates(TelemetrySample.__table__)
+_INSERT_GPUS = insert_ignoring_duplicates(_gpus)
 
 
 def _gpu_ids(connection: sa.Connection, node_id: str, uuids: set[str], now: datetime) -> dict[str, int]:

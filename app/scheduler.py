@@ -29,12 +29,11 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from flask import Flask
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import enrollment, liveness, retention
 from app.config import Settings
+from app.db import insert_ignoring_duplicates
 from app.extensions import db
 from app.models import SweepTick
 from app.timeutil import utcnow
@@ -42,10 +41,7 @@ from app.timeutil import utcnow
 log = logging.getLogger("modelforge.scheduler")
 RETENTION_INTERVAL_SECONDS = 60
 _ticks = SweepTick.__table__
-_CREATE_TICK = {
-    "sqlite": sqlite_insert(_ticks).on_conflict_do_nothing(),
-    "postgresql": postgresql_insert(_ticks).on_conflict_do_nothing(),
-}
+_CREATE_TICK = insert_ignoring_duplicates(_ticks)
 
 
 def holder_name() -> str:
