@@ -534,9 +534,23 @@ class State:
         self.node_id_path = directory / "node-id"
         self.credential_path = directory / "node-credential"
 
+    @staticmethod
+    def _read_state(path: Path) -> str | None:
+        """A state file's text; None only when it does not exist (I1: never guess a new identity)."""
+        try:
+            return path.read_text(encoding="utf-8").strip() or None
+        except FileNotFoundError:
+            return None
+        except (OSError, UnicodeDecodeError) as error:
+            reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+            raise ConfigError(
+                f"{path} exists but cannot be read ({reason}); fix its ownership (uid 65532 in the image) "
+                "rather than letting the node take a new identity"
+            ) from None
+
     def node_id(self) -> str:
         """The persisted node ID, created on first start."""
-        text = _read(str(self.node_id_path))
+        text = self._read_state(self.node_id_path)
         if text:
             try:
                 return str(uuid.UUID(text))
@@ -550,7 +564,7 @@ class State:
 
     def credential(self) -> str | None:
         """The stored node credential, if any."""
-        return _read(str(self.credential_path)) or None
+        return self._read_state(self.credential_path)
 
     def store_credential(self, credential: str) -> None:
         """Keep the credential from a claim."""
@@ -558,6 +572,11 @@ class State:
 
 
 # --------------------------------------------------------------------------- HTTP client
+
+
+def as_dict(value: object) -> dict:
+    """`value` if it is a JSON object, else an empty one: replies are read defensively."""
+    return value if isinstance(value, dict) else {}
 
 
 class PublishError(Exception):
@@ -640,8 +659,8 @@ class Backoff:
 
     def next_delay(self) -> float:
         """The nominal delay for this failure, then doubled for the next (capped)."""
-        delay = min(self.high, self.low * 2**self.attempt)
-        self.attempt += 1
+        delay = min(self.high, self.low * 2 ** min(self.attempt, 16))
+        self.attempt = min(self.attempt + 1, 99)  # bounded: hours of outage must not overflow
         return delay
 
     @staticmethod
@@ -681,9 +700,10 @@ class Agent:
         self.gpus = preflight.gpus
         self.inventory_digest: str | None = None
         self.inventory_sent_at = 0.0
-        self.inventory_checked_at = 0.0
+        self.inventory_checked_at: float | None = None  # None: check at the next chance
         self.said_once: set[str] = set()
         self.storage_problems: dict[str, str] = {}
+        self.unnamed_gpus: list[int] = []
 
     def versions(self) -> dict[str, object]:
         """The version fields every request carries (A1)."""
@@ -714,9 +734,8 @@ class Agent:
                 break
             except PublishError as error:
                 if error.status is not None and error.status < 500:
-                    reply = getattr(error, "reply", {})
-                    message = reply.get("error", {}).get("message", "") if isinstance(reply, dict) else ""
-                    next_step = reply.get("error", {}).get("next_step", "") if isinstance(reply, dict) else ""
+                    details = as_dict(as_dict(getattr(error, "reply", {})).get("error"))
+                    message, next_step = str(details.get("message", "")), str(details.get("next_step", ""))
                     log.error("%s: enrolment refused. %s %s", error.describe(), message, next_step)
                     raise Exit(EXIT_ENROLLMENT_REFUSED) from None
                 self.wait_after(error)
@@ -724,7 +743,13 @@ class Agent:
         if not isinstance(credential, str) or not credential:
             log.error("the control plane's enrolment reply carried no credential")
             raise Exit(EXIT_ENROLLMENT_REFUSED)
-        self.state.store_credential(credential)
+        # The token is spent: a SIGTERM now must not lose the only copy of the credential.
+        signals = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+        try:
+            self.state.store_credential(credential)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
         self.client.credential = credential
         self.take_interval(reply)
         log.info("enrolled as node %s; credential stored in %s (mode 0600)", node_id, self.state.credential_path)
@@ -759,7 +784,7 @@ class Agent:
         elif error.status == 426:
             if "incompatible" not in self.said_once:
                 self.said_once.add("incompatible")
-                compat = getattr(error, "reply", {}).get("compatibility", {})
+                compat = as_dict(as_dict(getattr(error, "reply", {})).get("compatibility"))
                 log.error(
                     "%s: compatibility %s. %s",
                     error.describe(),
@@ -776,6 +801,7 @@ class Agent:
             for uuid_, errors in sorted(telemetry_errors.items())
         ]
         problems += [f"{name} directory: {reason}" for name, reason in sorted(self.storage_problems.items())]
+        problems += [f"GPU {index}: no readable UUID, left out" for index in self.unnamed_gpus]
         if not problems:
             gpus = f"{len(self.gpus)} GPU(s)" if self.gpus else "CPU-only"
             return {"status": "ok", "detail": f"{gpus}; all readings succeeded"}
@@ -804,7 +830,7 @@ class Agent:
 
     def maybe_publish_inventory(self, now: float) -> None:
         """Inventory at start, whenever it changes (checked each minute), and at least hourly."""
-        if self.inventory_digest is not None and now - self.inventory_checked_at < INVENTORY_CHECK_SECONDS:
+        if self.inventory_checked_at is not None and now - self.inventory_checked_at < INVENTORY_CHECK_SECONDS:
             return
         self.inventory_checked_at = now
         if self.preflight.nvidia_required:
@@ -813,6 +839,8 @@ class Agent:
                 self.gpus = self.nvml.gpus()
             except pynvml.NVMLError as error:
                 log.warning("could not re-read GPUs (%s); keeping the last inventory", type(error).__name__)
+        self.unnamed_gpus = [gpu["index"] for gpu in self.gpus if gpu["uuid"] is None]
+        self.gpus = [gpu for gpu in self.gpus if gpu["uuid"] is not None]
         inventory = collect_inventory(self.config, self.gpus)
         self.storage_problems = {
             name: str(facts["unknown_reason"])
@@ -835,8 +863,17 @@ class Agent:
         self.take_interval(reply)
 
     def publish_once(self) -> None:
-        """Inventory if due, then one heartbeat; failures propagate."""
-        self.maybe_publish_inventory(time.monotonic())
+        """Inventory if due, then one heartbeat, which an inventory the server refuses never blocks."""
+        try:
+            self.maybe_publish_inventory(time.monotonic())
+        except PublishError as error:
+            if error.status not in (400, 413):
+                raise
+            # The server refused this inventory (too large, a field it rejects): say so, keep
+            # beating, and try again at the next inventory check.
+            log.warning(
+                "%s: inventory refused; heartbeats continue, retrying in %gs", error.describe(), INVENTORY_CHECK_SECONDS
+            )
         self.heartbeat()
 
     def start(self) -> None:
@@ -864,7 +901,8 @@ class Agent:
                     self.handle_refusal(error)
                 else:
                     self.wait_after(error)
-                self.inventory_digest = None if error.path.endswith("inventory") else self.inventory_digest
+                if error.path.endswith("inventory"):
+                    self.inventory_digest = self.inventory_checked_at = None  # send it first once back
                 next_beat = time.monotonic()
                 continue
             if self.backoff.attempt:

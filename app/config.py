@@ -188,6 +188,14 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
             f"MODELFORGE_TELEMETRY_RAW_RETENTION_SECONDS ({raw_retention})"
         )
 
+    heartbeat_interval = _int(env, "MODELFORGE_HEARTBEAT_INTERVAL_SECONDS", 15)
+    if heartbeat_interval >= stale:
+        # Every node would flap between online and stale between two heartbeats.
+        raise ConfigError(
+            f"MODELFORGE_HEARTBEAT_INTERVAL_SECONDS ({heartbeat_interval}) must be less than "
+            f"MODELFORGE_NODE_STALE_AFTER_SECONDS ({stale})"
+        )
+
     bind = env.get("MODELFORGE_BIND", "").strip() or "127.0.0.1:8000"
     return Settings(
         instance_path=instance_path,
@@ -196,7 +204,7 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         database_url=_database_url(env, instance_path),
         bind=bind,
         public_api_origin=public_origin,
-        heartbeat_interval_seconds=_int(env, "MODELFORGE_HEARTBEAT_INTERVAL_SECONDS", 15),
+        heartbeat_interval_seconds=heartbeat_interval,
         node_stale_after_seconds=stale,
         node_offline_after_seconds=offline,
         sweep_interval_seconds=_int(env, "MODELFORGE_SWEEP_INTERVAL_SECONDS", 5),

@@ -115,6 +115,14 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
     return described
 
 
+def _lock(node_id: str) -> Node:
+    """The node, locked until commit (PostgreSQL), so two credential changes queue up (I5)."""
+    node = db.session.scalar(sa.select(Node).where(Node.id == node_id).with_for_update())
+    if node is None:
+        get(node_id)  # raises NODE_NOT_FOUND
+    return node
+
+
 def _active_credential(node_id: str) -> Credential | None:
     return db.session.scalar(
         sa.select(Credential).where(Credential.node_id == node_id, Credential.revoked_at.is_(None))
@@ -123,7 +131,7 @@ def _active_credential(node_id: str) -> Credential | None:
 
 def rotate_credential(node_id: str, actor: str = audit.OPERATOR) -> tuple[Credential, str]:
     """I5: replace the active credential; the new secret is returned once."""
-    get(node_id)
+    _lock(node_id)
     now = utcnow()
     old = _active_credential(node_id)
     if old is not None:
@@ -149,7 +157,7 @@ def rotate_credential(node_id: str, actor: str = audit.OPERATOR) -> tuple[Creden
 
 def revoke_credential(node_id: str, actor: str = audit.OPERATOR) -> Credential:
     """I5: leave the node with no active credential."""
-    get(node_id)
+    _lock(node_id)
     credential = _active_credential(node_id)
     if credential is None:
         db.session.rollback()

@@ -23,11 +23,11 @@ def parse_rfc3339(text: str) -> datetime | None:
     """Parse an RFC 3339 timestamp that carries an offset; None if it is not one."""
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
+        if moment.tzinfo is None:
+            return None
+        return moment.astimezone(UTC)
+    except (ValueError, OverflowError):  # OverflowError: year 1 or 9999 pushed past the range
         return None
-    if moment.tzinfo is None:
-        return None
-    return moment.astimezone(UTC)
 
 
 class UTCDateTime(sa.types.TypeDecorator):

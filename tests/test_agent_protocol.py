@@ -102,3 +102,26 @@ def test_server_errors_back_off_and_never_log_the_body(tmp_path, caplog):
     assert "x" * 43 not in caplog.text and "secret echo" not in caplog.text
     nominal = [1, 2, 4, 8]
     assert all(n * 0.8 <= wait <= n * 1.2 for n, wait in zip(nominal, waits, strict=True))
+
+
+@responses.activate
+def test_a_reply_whose_error_is_not_an_object_still_exits_4(tmp_path):
+    responses.post(URL + "/api/v1/agent/enroll", json={"error": "Not Found"}, status=404)
+    running = make(tmp_path)
+    with pytest.raises(agent.Exit) as stopped:
+        running.run(once=True)
+    assert stopped.value.code == agent.EXIT_ENROLLMENT_REFUSED
+
+
+@responses.activate
+def test_a_refused_inventory_does_not_stop_heartbeats(tmp_path, caplog):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "node-credential").write_text("mfn_" + "c" * 43)
+    refused = {"error": {"code": "VALIDATION_FAILED", "message": "m", "next_step": "n", "field": "inventory.gpus"}}
+    responses.post(URL + "/api/v1/agent/inventory", json=refused, status=400)
+    responses.post(URL + "/api/v1/agent/heartbeat", json=reply())
+    caplog.set_level(logging.INFO, logger="modelforge_node_agent")
+    agent.log.propagate = True
+    assert make(tmp_path).run(once=True) == 0
+    assert [call.request.url.rsplit("/", 1)[1] for call in responses.calls] == ["inventory", "heartbeat"]
+    assert "HTTP 400 VALIDATION_FAILED on POST /api/v1/agent/inventory: inventory refused" in caplog.text

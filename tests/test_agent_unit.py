@@ -315,6 +315,8 @@ def test_unwritable_state_dir_is_a_configuration_error(tmp_path):
 def test_backoff_doubles_from_one_second_and_caps_at_sixteen():
     backoff = agent.Backoff()
     assert [backoff.next_delay() for _ in range(7)] == [1, 2, 4, 8, 16, 16, 16]
+    for _ in range(5000):  # days of outage at 16 s: no overflow, still 16 s
+        assert backoff.next_delay() == 16
     backoff.reset()
     assert backoff.next_delay() == 1
     jittered = [agent.Backoff.jittered(16) for _ in range(500)]
@@ -328,3 +330,13 @@ def test_publish_error_lines_never_carry_a_body():
     assert agent.PublishError("POST", "/api/v1/agent/heartbeat", "ConnectError").describe() == (
         "ConnectError on POST /api/v1/agent/heartbeat"
     )
+
+
+def test_an_unreadable_state_file_is_an_error_not_a_new_identity(tmp_path):
+    (tmp_path / "node-id").mkdir()  # exists, cannot be read as a file
+    with pytest.raises(agent.ConfigError, match="node-id exists but cannot be read"):
+        agent.State(tmp_path).node_id()
+    assert (tmp_path / "node-id").is_dir()  # nothing replaced it
+    (tmp_path / "node-credential").write_bytes(b"\xff\xfe")
+    with pytest.raises(agent.ConfigError, match="not UTF-8"):
+        agent.State(tmp_path).credential()

@@ -99,6 +99,12 @@ WRONG_HEARTBEATS = [
     ({"telemetry": [factories.sample(memory_used_bytes=1.5)]}, "telemetry[0].memory_used_bytes"),
     ({"telemetry": [factories.sample(gpu_uuid="")]}, "telemetry[0].gpu_uuid"),
     ({"telemetry": [factories.sample(gpu_uuid=["GPU-1"])]}, "telemetry[0].gpu_uuid"),
+    ({"telemetry": [factories.sample(power_w=10**400)]}, "telemetry[0].power_w"),
+    ({"telemetry": [factories.sample(sampled_at="0001-01-01T00:00:00+01:00")]}, "telemetry[0].sampled_at"),
+    ({"telemetry": [factories.sample(sampled_at="9999-12-31T23:59:59-01:00")]}, "telemetry[0].sampled_at"),
+    ({"telemetry": [factories.sample(sampled_at="2999-01-01T00:00:00Z")]}, "telemetry[0].sampled_at"),
+    ({"telemetry": [factories.sample(sampled_at="1999-12-31T23:59:59Z")]}, "telemetry[0].sampled_at"),
+    ({"health": {"status": "ok", "detail": "\ud800"}}, "health.detail"),
 ]
 
 
@@ -144,6 +150,7 @@ WRONG_ENROLLS = [
     ({"control_plane_url": "modelforge.lan"}, "control_plane_url"),
     ({"enrollment_token": None}, "enrollment_token"),
     ({"enrollment_token": {"token": "x"}}, "enrollment_token"),
+    ({"hostname": "gpu-\udc80"}, "hostname"),
 ]
 
 

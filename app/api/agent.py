@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from flask import current_app
 
 from app import enrollment, publishing
@@ -11,9 +13,11 @@ from app.api.errors import ApiError
 from app.api.validation import Fields, invalid, json_object
 from app.compat import COMPATIBLE, compatibility
 from app.config import normalize_origin
-from app.timeutil import parse_rfc3339
+from app.timeutil import parse_rfc3339, utcnow
 
 MAX_GPUS = 64
+MAX_CLOCK_AHEAD = timedelta(minutes=10)
+EARLIEST_SAMPLE = datetime(2020, 1, 1, tzinfo=UTC)
 HEALTH_STATES = ("ok", "degraded", "failing")
 METRICS = ("utilization_gpu_percent", "memory_used_bytes", "temperature_c", "power_w")
 GPU_FIELDS = ("name", "driver_version", "cuda_driver_version", "pci_bus_id")
@@ -138,6 +142,13 @@ def _sample(fields: Fields, index: int, value: object) -> dict[str, object]:
     sampled_at = parse_rfc3339(sampled_at_text)
     if sampled_at is None:
         raise invalid(sample.name("sampled_at"), "must be an RFC 3339 time with an offset")
+    if not EARLIEST_SAMPLE <= sampled_at <= utcnow() + MAX_CLOCK_AHEAD:
+        # A sample from the far future would stay the "latest" one forever (R1, P3).
+        raise invalid(
+            sample.name("sampled_at"),
+            f"is outside the accepted range (after 2020, at most {MAX_CLOCK_AHEAD.seconds // 60} minutes ahead "
+            "of the control plane's clock); check the node's clock",
+        )
     return {
         "gpu_uuid": sample.string("gpu_uuid", max_length=96),
         "sampled_at": sampled_at,

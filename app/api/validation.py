@@ -91,6 +91,10 @@ class Fields:
             raise invalid(self.name(key), f"must be at most {max_length} characters")
         if _CONTROL_CHARS.search(value):
             raise invalid(self.name(key), "must not contain control characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate such as "\ud800" from a JSON escape
+            raise invalid(self.name(key), "must be valid Unicode text") from None
         return value
 
     def integer(self, key: str, *, required: bool = True, minimum: int, maximum: int) -> int | None:
@@ -109,7 +113,11 @@ class Fields:
         value = self.data.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise invalid(self.name(key), "must be a number or null")
+        if isinstance(value, int) and abs(value) > 2**53:
+            raise invalid(self.name(key), f"must be between {minimum} and {maximum}")
+        if not math.isfinite(value):
             raise invalid(self.name(key), "must be a number or null")
         if not minimum <= value <= maximum:
             raise invalid(self.name(key), f"must be between {minimum} and {maximum}")
