@@ -21,7 +21,6 @@ class Publisher:
     """The node behind a presented credential."""
 
     node_id: str
-    lease_status: str | None
 
 
 # The heartbeat hot path runs prebuilt Core statements on the session's connection: the ORM's
@@ -30,14 +29,9 @@ _credentials = Credential.__table__
 _nodes = Node.__table__
 _leases = NodeLease.__table__
 _AUTHENTICATE = (
-    sa.select(_credentials.c.token_hash, _credentials.c.revoked_at, _nodes.c.id, _nodes.c.disabled, _leases.c.status)
-    .select_from(
-        _credentials.join(_nodes, _nodes.c.id == _credentials.c.node_id).join(_leases, _leases.c.node_id == _nodes.c.id)
-    )
+    sa.select(_credentials.c.token_hash, _credentials.c.revoked_at, _nodes.c.id, _nodes.c.disabled)
+    .select_from(_credentials.join(_nodes, _nodes.c.id == _credentials.c.node_id))
     .where(_credentials.c.token_hash == sa.bindparam("digest"))
-    # PostgreSQL: hold the lease row until commit, so a liveness sweep cannot mark the node
-    # stale between this read and the heartbeat's write (SQLite's BEGIN IMMEDIATE already does).
-    .with_for_update(of=_leases)
 )
 _VERSION_COLUMNS = ("agent_version", "protocol_version", "compatibility", "last_seen_at")
 _NOTE_VERSIONS = (
@@ -45,15 +39,21 @@ _NOTE_VERSIONS = (
     .where(_leases.c.node_id == sa.bindparam("lease_node_id"))
     .values({name: sa.bindparam(name) for name in _VERSION_COLUMNS})
 )
-_HEARTBEAT = (
+_BEAT_COLUMNS = (*_VERSION_COLUMNS, "last_heartbeat_at", "health_status", "health_detail")
+# The common case: the node is online and stays so. The status condition is re-checked under
+# the row lock, so a sweep that marked the node stale first makes this match nothing (L2).
+_HEARTBEAT_WHILE_ONLINE = (
+    _leases.update()
+    .where(_leases.c.node_id == sa.bindparam("lease_node_id"), _leases.c.status == "online")
+    .values({name: sa.bindparam(name) for name in _BEAT_COLUMNS})
+)
+_LEASE_STATUS_LOCKED = (
+    sa.select(_leases.c.status).where(_leases.c.node_id == sa.bindparam("lease_node_id")).with_for_update()
+)
+_HEARTBEAT_BRINGING_ONLINE = (
     _leases.update()
     .where(_leases.c.node_id == sa.bindparam("lease_node_id"))
-    .values(
-        {
-            name: sa.bindparam(name)
-            for name in (*_VERSION_COLUMNS, "last_heartbeat_at", "status", "health_status", "health_detail")
-        }
-    )
+    .values({name: sa.bindparam(name) for name in _BEAT_COLUMNS} | {"status": "online"})
 )
 _gpus = Gpu.__table__
 _GPU_IDS = sa.select(_gpus.c.uuid, _gpus.c.id).where(_gpus.c.node_id == sa.bindparam("gpu_node_id"))
@@ -100,7 +100,7 @@ def authenticate(secret: str) -> Publisher:
             "This node is disabled; its publications are refused.",
             "An operator can enable it in the console or with POST /api/v1/admin/nodes/{id}/enable.",
         )
-    return Publisher(node_id=row.id, lease_status=row.status)
+    return Publisher(node_id=row.id)
 
 
 @dataclass
@@ -128,20 +128,25 @@ def record_heartbeat(
     health_detail: str | None,
     samples: list[dict[str, object]],
 ) -> None:
-    """L2: one narrow lease UPDATE (liveness) and one batch INSERT (telemetry), one commit."""
+    """L2: one narrow lease UPDATE (liveness) and one batch INSERT (telemetry), one commit.
+
+    Only a node that was not online (first heartbeat, or back from stale/offline) takes the
+    slow path: lock the lease, read what it was, bring it online and audit the transition.
+    """
     now = utcnow()
     connection = db.session.connection()
-    connection.execute(
-        _HEARTBEAT,
-        {
-            "lease_node_id": publisher.node_id,
-            **versions.columns(now),
-            "last_heartbeat_at": now,
-            "status": "online",
-            "health_status": health_status,
-            "health_detail": health_detail,
-        },
-    )
+    beat = {
+        "lease_node_id": publisher.node_id,
+        **versions.columns(now),
+        "last_heartbeat_at": now,
+        "health_status": health_status,
+        "health_detail": health_detail,
+    }
+    if connection.execute(_HEARTBEAT_WHILE_ONLINE, beat).rowcount != 1:
+        previous = connection.execute(_LEASE_STATUS_LOCKED, {"lease_node_id": publisher.node_id}).scalar()
+        connection.execute(_HEARTBEAT_BRINGING_ONLINE, beat)
+        action = "node.online" if previous in (None, "pending") else "node.returned"
+        audit.record(audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=previous)
     if samples:
         gpu_ids = _gpu_ids(connection, publisher.node_id, {sample["gpu_uuid"] for sample in samples}, now)
         rows = [
@@ -150,9 +155,6 @@ def record_heartbeat(
             for sample in samples
         ]
         connection.execute(_INSERT_SAMPLES[connection.dialect.name], rows)
-    if publisher.lease_status != "online":
-        action = "node.online" if publisher.lease_status in (None, "pending") else "node.returned"
-        audit.record(audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=publisher.lease_status)
     db.session.commit()
 
 

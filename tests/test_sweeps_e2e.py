@@ -159,8 +159,9 @@ def test_two_control_planes_on_one_postgresql_sweep_each_tick_once(postgres_data
 
 
 def scheduler_pids(master_pid: int) -> list[int]:
+    # Children of this master only (-P): a pid number can be reused by another test's process.
     found = subprocess.run(
-        ["pgrep", "-f", f"app.scheduler --parent-pid {master_pid}"], capture_output=True, text=True
+        ["pgrep", "-P", str(master_pid), "-f", "app.scheduler --parent-pid"], capture_output=True, text=True
     ).stdout.split()
     return [int(pid) for pid in found]
 
@@ -171,7 +172,9 @@ def wait_until(condition, timeout: float = 15.0) -> None:
         if condition():
             return
         time.sleep(0.2)
-    raise AssertionError("condition not met in time")
+    raise AssertionError(
+        f"condition not met in time: {subprocess.run(['pgrep', '-fa', 'app.scheduler'], capture_output=True, text=True).stdout}"
+    )
 
 
 def test_the_master_restarts_a_dead_scheduler_and_the_scheduler_dies_with_the_master(fast_server):
