@@ -172,9 +172,8 @@ def wait_until(condition, timeout: float = 15.0) -> None:
         if condition():
             return
         time.sleep(0.2)
-    raise AssertionError(
-        f"condition not met in time: {subprocess.run(['pgrep', '-fa', 'app.scheduler'], capture_output=True, text=True).stdout}"
-    )
+    running = subprocess.run(["pgrep", "-fa", "app.scheduler"], capture_output=True, text=True).stdout
+    raise AssertionError(f"condition not met in time; schedulers running:\n{running}")
 
 
 def test_the_master_restarts_a_dead_scheduler_and_the_scheduler_dies_with_the_master(fast_server):
