@@ -8,14 +8,15 @@ import click
 from flask import Flask, current_app
 from flask.cli import AppGroup
 
-from app import scheduler
-
 group = AppGroup("modelforge", help="ModelForge operator commands.")
 
 
 @group.command("sweep")
 def sweep_command() -> None:
     """Run the liveness, enrolment-expiry and telemetry-retention sweeps once, now."""
+    # Imported here: `python -m app.scheduler` must not find itself already imported by `app`.
+    from app import scheduler
+
     click.echo(json.dumps(scheduler.run_all_now(current_app.config["MODELFORGE"]), indent=2))
 
 

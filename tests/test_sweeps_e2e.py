@@ -134,6 +134,7 @@ def test_four_workers_sweep_each_tick_once(fast_server, sqlite_template, tmp_pat
     assert_transitions_once(fast_server, node_ids)
     fast_server.stop()
     assert len(re.findall(r"scheduler \S+ started", fast_server.log())) == 1  # one scheduler, not one per worker
+    assert "RuntimeWarning" not in fast_server.log()
 
 
 def test_two_control_planes_on_one_postgresql_sweep_each_tick_once(postgres_database, tmp_path):
