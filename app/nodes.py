@@ -68,7 +68,14 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
         for gpu in db.session.scalars(sa.select(Gpu).where(Gpu.node_id.in_(ids)).order_by(Gpu.pci_bus_id, Gpu.uuid)):
             gpus[gpu.node_id].append(gpu)
     telemetry = _latest_telemetry(ids)
-    hostname_counts = dict(db.session.execute(sa.select(Node.hostname, sa.func.count()).group_by(Node.hostname)).all())
+    # I4: how many node IDs share each described hostname (indexed; only the hostnames shown).
+    hostnames = {node.hostname for node, *_ in rows}
+    hostname_counts = dict(
+        db.session.execute(
+            sa.select(Node.hostname, sa.func.count()).where(Node.hostname.in_(hostnames)).group_by(Node.hostname)
+        ).all()
+    )
+    )
     now = utcnow()
     described = []
     for node, lease, inventory, credential in rows:

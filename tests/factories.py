@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from tests.support import ADMIN
 
@@ -103,3 +103,19 @@ def enrolled_node(client, **overrides: object) -> dict[str, object]:
     response = client.post("/api/v1/agent/enroll", json=enroll_body(token, **overrides))
     assert response.status_code == 201, response.get_json()
     return {**response.get_json(), "token": token}
+
+
+def expire_enrollments(app, enrollment_id: str | None = None, seconds_ago: int = 1) -> None:
+    """Move an enrolment's (or every enrolment's) expiry into the past, straight in the database."""
+    import sqlalchemy as sa
+
+    from app.extensions import db
+    from app.models import Enrollment
+    from app.timeutil import utcnow
+
+    statement = sa.update(Enrollment).values(expires_at=utcnow() - timedelta(seconds=seconds_ago))
+    if enrollment_id is not None:
+        statement = statement.where(Enrollment.id == enrollment_id)
+    with app.app_context():
+        db.session.execute(statement)
+        db.session.commit()

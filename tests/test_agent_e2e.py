@@ -168,14 +168,20 @@ SCENARIO = json.dumps(
 )
 
 
-def test_nvidia_mode_publishes_measured_gpus_and_telemetry(agent_server, tmp_path):
-    minted = mint_token(agent_server.url)
+def nvidia_agent(tmp_path, server, scenario: str) -> tuple[AgentProcess, dict]:
+    """An agent in nvidia mode on the fake NVML, holding a fresh token."""
+    minted = mint_token(server.url)
     agent = AgentProcess(
         tmp_path,
-        agent_server.url,
+        server.url,
         MODELFORGE_AGENT_ENROLLMENT_TOKEN=minted["token"],
         MODELFORGE_AGENT_ACCELERATOR_MODE="nvidia",
-    ).with_fake_nvml(SCENARIO)
+    ).with_fake_nvml(scenario)
+    return agent, minted
+
+
+def test_nvidia_mode_publishes_measured_gpus_and_telemetry(agent_server, tmp_path):
+    agent, _ = nvidia_agent(tmp_path, agent_server, SCENARIO)
     assert agent.run("--once") == 0, agent.log()
     current = node(agent_server, agent.node_id())
     (gpu,) = current["gpus"]
@@ -193,13 +199,7 @@ def test_nvidia_mode_publishes_measured_gpus_and_telemetry(agent_server, tmp_pat
 
 
 def test_failed_preflight_exits_3_and_sends_and_writes_nothing(agent_server, tmp_path):
-    minted = mint_token(agent_server.url)
-    agent = AgentProcess(
-        tmp_path,
-        agent_server.url,
-        MODELFORGE_AGENT_ENROLLMENT_TOKEN=minted["token"],
-        MODELFORGE_AGENT_ACCELERATOR_MODE="nvidia",
-    ).with_fake_nvml(json.dumps({"init_error": "NVMLError_LibraryNotFound"}))
+    agent, minted = nvidia_agent(tmp_path, agent_server, json.dumps({"init_error": "NVMLError_LibraryNotFound"}))
     assert agent.run() == 3
     lines = [line for line in agent.log().splitlines() if line.strip()]
     assert lines == [lines[0]] and lines[0].startswith("NVIDIA_NVML_UNAVAILABLE: NVMLError_LibraryNotFound")

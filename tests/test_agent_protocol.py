@@ -125,3 +125,23 @@ def test_a_refused_inventory_does_not_stop_heartbeats(tmp_path, caplog):
     assert make(tmp_path).run(once=True) == 0
     assert [call.request.url.rsplit("/", 1)[1] for call in responses.calls] == ["inventory", "heartbeat"]
     assert "HTTP 400 VALIDATION_FAILED on POST /api/v1/agent/inventory: inventory refused" in caplog.text
+
+
+@responses.activate
+def test_inventory_goes_out_at_start_on_change_and_hourly_only(tmp_path, monkeypatch):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "node-credential").write_text("mfn_" + "c" * 43)
+    responses.post(URL + "/api/v1/agent/inventory", json=reply())
+    running = make(tmp_path)
+    running.start()
+    facts = {"hostname": "a", "storage": {}, "gpus": []}
+    monkeypatch.setattr(agent, "collect_inventory", lambda config, gpus: dict(facts))
+    sent = []
+    for now, change in [(0, None), (30, None), (61, None), (122, "b"), (150, None), (3800, None)]:
+        if change:
+            facts["hostname"] = change
+        before = len(responses.calls)
+        running.maybe_publish_inventory(now)
+        sent.append(len(responses.calls) > before)
+    # start; within the check window; unchanged; changed; within the window; an hour since the last
+    assert sent == [True, False, False, True, False, True]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -13,7 +12,6 @@ import sqlalchemy as sa
 from app import enrollment
 from app.extensions import db
 from app.models import AuditEvent, Credential, Enrollment, Node
-from app.timeutil import utcnow
 from tests import factories
 from tests.support import ADMIN
 
@@ -178,13 +176,7 @@ def test_unknown_revoked_and_expired_tokens_are_refused(app, client):
     assert (refused.status_code, refused.get_json()["error"]["code"]) == (410, "ENROLLMENT_TOKEN_REVOKED")
 
     expired = factories.mint(client)
-    with app.app_context():
-        db.session.execute(
-            sa.update(Enrollment)
-            .where(Enrollment.id == expired["id"])
-            .values(expires_at=utcnow() - timedelta(seconds=1))
-        )
-        db.session.commit()
+    factories.expire_enrollments(app, expired["id"])
     refused = client.post("/api/v1/agent/enroll", json=factories.enroll_body(expired["token"]))
     assert (refused.status_code, refused.get_json()["error"]["code"]) == (410, "ENROLLMENT_TOKEN_EXPIRED")
     assert rows(app, Node) == []
@@ -193,13 +185,8 @@ def test_unknown_revoked_and_expired_tokens_are_refused(app, client):
 def test_sweep_marks_expired_tokens_once_and_audits_each(app, client):
     expired = factories.mint(client)
     live = factories.mint(client)
+    factories.expire_enrollments(app, expired["id"], seconds_ago=5)
     with app.app_context():
-        db.session.execute(
-            sa.update(Enrollment)
-            .where(Enrollment.id == expired["id"])
-            .values(expires_at=utcnow() - timedelta(seconds=5))
-        )
-        db.session.commit()
         assert enrollment.sweep_expired() == 1
         assert enrollment.sweep_expired() == 0  # a second run changes nothing
     states = {item["id"]: item["state"] for item in client.get(ENROLLMENTS, headers=ADMIN).get_json()["enrollments"]}

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from app import liveness, readiness, retention, scheduler
 from app.config import ConfigError, load_settings
 from app.extensions import db
-from app.models import AuditEvent, Enrollment, Gpu, NodeLease, TelemetryRollup, TelemetrySample
+from app.models import AuditEvent, Gpu, NodeLease, TelemetryRollup, TelemetrySample
 from app.timeutil import utcnow
 from tests import factories
 from tests.support import ADMIN, OPERATOR_KEY
@@ -102,9 +102,8 @@ def test_work_goes_only_to_online_enabled_compatible_nodes(app, client):
 
 def test_expired_tokens_are_swept_and_cannot_be_claimed(app, client):
     minted = factories.mint(client)
+    factories.expire_enrollments(app)
     with app.app_context():
-        db.session.execute(sa.update(Enrollment).values(expires_at=utcnow() - timedelta(seconds=1)))
-        db.session.commit()
         runs = scheduler.run_all_now(settings(app))
     assert runs["enrollment-expiry"] == {"expired": 1}
     refused = client.post("/api/v1/agent/enroll", json=factories.enroll_body(minted["token"]))
