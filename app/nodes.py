@@ -75,7 +75,6 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
             sa.select(Node.hostname, sa.func.count()).where(Node.hostname.in_(hostnames)).group_by(Node.hostname)
         ).all()
     )
-    )
     now = utcnow()
     described = []
     for node, lease, inventory, credential in rows:
