@@ -9,7 +9,7 @@ from pathlib import Path
 
 from flask import Flask
 
-from app import api, cli, db
+from app import api, cli, console, db
 from app.config import ConfigError, load_settings
 from app.extensions import csrf, migrate
 
@@ -39,6 +39,7 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
     migrate.init_app(app, db.db, directory=str(MIGRATIONS))
     csrf.init_app(app)
     api.init_app(app)
+    console.init_app(app)
     cli.init_app(app)
     return app
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
 
 import sqlalchemy as sa
 
@@ -119,6 +121,97 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
             }
         )
     return described
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """One row of the console's node list (C2)."""
+
+    id: str
+    display_name: str
+    hostname: str
+    status: str
+    heartbeat_age_seconds: float | None
+    last_heartbeat_at: datetime | None
+    disabled: bool
+    agent_version: str | None
+    protocol_version: int | None
+    compatibility: str | None
+    gpu_models: dict[str, int]
+    production_eligible: bool
+    lab_eligible: bool
+    benchmark_eligible: bool
+    suspected_duplicate_hostname: bool
+
+    @property
+    def gpu_count(self) -> int:
+        """How many present GPUs the node reported."""
+        return sum(self.gpu_models.values())
+
+
+def summaries(settings: Settings) -> list[NodeSummary]:
+    """Every node for the list page in three queries, without inventory documents or telemetry."""
+    rows = db.session.execute(
+        sa.select(
+            Node.id,
+            Node.display_name,
+            Node.hostname,
+            Node.disabled,
+            Node.production_eligible,
+            Node.lab_eligible,
+            Node.benchmark_eligible,
+            NodeLease.last_heartbeat_at,
+            NodeLease.agent_version,
+            NodeLease.protocol_version,
+            NodeLease.compatibility,
+        )
+        .outerjoin(NodeLease, NodeLease.node_id == Node.id)
+        .order_by(Node.display_name, Node.id)
+    ).all()
+    models: dict[str, dict[str, int]] = defaultdict(dict)
+    for node_id, name, count in db.session.execute(
+        sa.select(Gpu.node_id, Gpu.name, sa.func.count())
+        .where(Gpu.present.is_(True))
+        .group_by(Gpu.node_id, Gpu.name)
+    ):
+        models[node_id][name or "unknown model"] = count
+    # I4: hostnames held by more than one node ID.
+    shared = set(
+        db.session.scalars(sa.select(Node.hostname).group_by(Node.hostname).having(sa.func.count() > 1))
+    )
+    now = utcnow()
+    result = []
+    for row in rows:
+        status, age = liveness.status_of(row.last_heartbeat_at, now, settings)
+        result.append(
+            NodeSummary(
+                id=row.id,
+                display_name=row.display_name,
+                hostname=row.hostname,
+                status=status,
+                heartbeat_age_seconds=age,
+                last_heartbeat_at=row.last_heartbeat_at,
+                disabled=row.disabled,
+                agent_version=row.agent_version,
+                protocol_version=row.protocol_version,
+                compatibility=row.compatibility,
+                gpu_models=models.get(row.id, {}),
+                production_eligible=row.production_eligible,
+                lab_eligible=row.lab_eligible,
+                benchmark_eligible=row.benchmark_eligible,
+                suspected_duplicate_hostname=row.hostname in shared,
+            )
+        )
+    return result
+
+
+def credentials(node_id: str) -> list[Credential]:
+    """Every credential this node has held, newest first (metadata only)."""
+    return list(
+        db.session.scalars(
+            sa.select(Credential).where(Credential.node_id == node_id).order_by(Credential.id.desc())
+        )
+    )
 
 
 def _lock(node_id: str) -> Node:

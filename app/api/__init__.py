@@ -67,12 +67,18 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(DomainError)
     def on_domain_error(error: DomainError):
         db.session.rollback()
+        if not _is_api_request():
+            from app.console import render_domain_error
+
+            return render_domain_error(error)
         return domain_error_response(error)
 
     @app.errorhandler(HTTPException)
     def on_http_error(error: HTTPException):
         if not _is_api_request():
-            return error
+            from app.console import render_http_error
+
+            return render_http_error(error)
         code, next_step = _HTTP_CODES.get(error.code or 500, ("HTTP_ERROR", "See the message."))
         response = error_response(error.code or 500, code, error.description or error.name, next_step)
         if error.code == 405 and error.valid_methods:

@@ -1,0 +1,86 @@
+"""The audit log page (C5, P4): filters by node, action and time; keyset pagination."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from flask import request
+
+from app.console import bp, page_or_partial
+from app.console.auth import login_required
+from app.db import begin_read_only
+from app.extensions import db
+from app.models import AuditEvent, Node
+
+PAGE_SIZE = 50
+_TIME_FORMATS = ("%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d")
+
+
+def _time_arg(name: str, errors: dict[str, str]) -> datetime | None:
+    """A `datetime-local` value, read as UTC; a bad one is reported, never a 500 (P5)."""
+    raw = (request.args.get(name) or "").strip()
+    if not raw:
+        return None
+    for fmt in _TIME_FORMATS:
+        try:
+            return datetime.strptime(raw, fmt).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    errors[name] = "Use a date and time like 2026-11-30T14:05 (UTC)."
+    return None
+
+
+def _before_arg(errors: dict[str, str]) -> int | None:
+    raw = (request.args.get("before") or "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or len(raw) > 18:
+        errors["before"] = "Not a page marker."
+        return None
+    return int(raw)
+
+
+@bp.get("/audit")
+@login_required
+def audit_log():
+    """Every state change, newest first (P4)."""
+    begin_read_only()
+    errors: dict[str, str] = {}
+    filters = {
+        "node": (request.args.get("node") or "").strip()[:36],
+        "action": (request.args.get("action") or "").strip()[:64],
+        "since": (request.args.get("since") or "").strip()[:19],
+        "until": (request.args.get("until") or "").strip()[:19],
+    }
+    since, until = _time_arg("since", errors), _time_arg("until", errors)
+    before = _before_arg(errors)
+    query = sa.select(AuditEvent).order_by(AuditEvent.id.desc()).limit(PAGE_SIZE + 1)
+    if filters["node"]:
+        query = query.where(AuditEvent.node_id == filters["node"])
+    if filters["action"]:
+        query = query.where(AuditEvent.action == filters["action"])
+    if since is not None:
+        query = query.where(AuditEvent.at >= since)
+    if until is not None:
+        query = query.where(AuditEvent.at <= until)
+    if before is not None:
+        query = query.where(AuditEvent.id < before)
+    events = list(db.session.scalars(query))
+    has_more = len(events) > PAGE_SIZE
+    events = events[:PAGE_SIZE]
+    node_names = dict(db.session.execute(sa.select(Node.id, Node.display_name).order_by(Node.display_name)).all())
+    actions = list(db.session.scalars(sa.select(AuditEvent.action).distinct().order_by(AuditEvent.action)))
+    return page_or_partial(
+        "audit.html",
+        "partials/_audit_table.html",
+        events=events,
+        filters=filters,
+        link_filters={name: value for name, value in filters.items() if value},
+        errors=errors,
+        next_before=events[-1].id if has_more else None,
+        paged=before is not None,
+        node_names=node_names,
+        actions=actions,
+        active="audit",
+    ), (400 if errors else 200)

@@ -1,0 +1,120 @@
+"""The enrol-node wizard (C4, E4, R2): mint, reveal once, start, watch readiness, recreate.
+
+The token exists in exactly one place after minting: the HTML of the POST response that
+reveals it. It is never put in the session, a URL, a log or a cacheable response
+(`Cache-Control: no-store` on every console response), and the page removes it when the
+wizard closes, readiness is checked, the token is revoked or the countdown reaches zero.
+"""
+
+from __future__ import annotations
+
+from flask import current_app, render_template
+
+from app import enrollment, readiness
+from app.api.enrollments import current_api_origin
+from app.console import bp, is_htmx_fragment_request, page_or_partial
+from app.console.auth import login_required
+from app.console.commands import AgentEnv, env_file, recreate_command, start_command
+from app.console.forms import EnrollForm, parse_labels
+from app.db import begin_read_only
+from app.errors import DomainError
+from app.models import EnrollmentState
+from app.timeutil import utcnow
+
+
+def _settings():
+    return current_app.config["MODELFORGE"]
+
+
+def _wizard(template_partial: str, status: int = 200, **context):
+    """A wizard step: the fragment for htmx (swapped into #wizard), else the whole wizard page."""
+    if is_htmx_fragment_request():
+        return render_template(template_partial, **context), status
+    return render_template("enroll.html", step=template_partial, active="enroll", **context), status
+
+
+@bp.get("/hardware/enroll")
+@login_required
+def enroll():
+    """Step 1: the form. The API origin shown is fixed to this console's own (E3)."""
+    begin_read_only()
+    return _wizard("partials/_enroll_form.html", form=EnrollForm(), api_origin=current_api_origin())
+
+
+@bp.post("/hardware/enroll")
+@login_required
+def enroll_submit():
+    """Step 2: mint the token (production_eligible forced false, E4) and reveal it once."""
+    form = EnrollForm()
+    if not form.validate_on_submit():
+        return _wizard("partials/_enroll_form.html", 422, form=form, api_origin=current_api_origin())
+    origin = current_api_origin()
+    minted, token = enrollment.create(
+        enrollment.EnrollmentRequest(
+            display_name=form.display_name.data.strip(),
+            expires_in_seconds=form.expires_in_seconds.data,
+            api_origin=origin,
+            role=(form.role.data or "").strip() or None,
+            labels=parse_labels(form.labels.data or ""),
+            production_eligible=False,  # E4: never from the wizard
+            lab_eligible=form.lab_eligible.data,
+            benchmark_eligible=form.benchmark_eligible.data,
+        )
+    )
+    agent_env = AgentEnv(
+        control_plane_url=origin,
+        display_name=minted.display_name,
+        accelerator_mode=form.accelerator_mode.data,
+    )
+    return _wizard(
+        "partials/_enroll_reveal.html",
+        201,
+        enrollment=minted,
+        token=token,
+        expires_in=max(int((minted.expires_at - utcnow()).total_seconds()), 0),
+        env_text=env_file(agent_env),
+        start_command=start_command(),
+    )
+
+
+def _progress_context(enrollment_id: str) -> dict[str, object]:
+    minted = enrollment.get(enrollment_id)
+    return {
+        "enrollment": minted,
+        "readiness": readiness.for_enrollment(minted, _settings()),
+        "recreate_command": recreate_command(),
+        "start_command": start_command(),
+        "States": EnrollmentState,
+    }
+
+
+@bp.get("/hardware/enrollments/<enrollment_id>")
+@login_required
+def enrollment_progress(enrollment_id: str):
+    """Step 3: readiness of the exact node that used this token, then the recreate command."""
+    begin_read_only()
+    return _wizard("partials/_enroll_progress.html", **_progress_context(enrollment_id))
+
+
+@bp.get("/hardware/enrollments/<enrollment_id>/readiness")
+@login_required
+def enrollment_readiness(enrollment_id: str):
+    """R2: the readiness panel; it polls itself until the node is ready or the token is dead."""
+    begin_read_only()
+    context = _progress_context(enrollment_id)
+    return page_or_partial("enroll.html", "partials/_readiness_panel.html", step="partials/_enroll_progress.html",
+                           active="enroll", **context)
+
+
+@bp.post("/hardware/enrollments/<enrollment_id>/revoke")
+@login_required
+def enrollment_revoke(enrollment_id: str):
+    """Revoke the unused token; the reveal is gone because this step replaces it."""
+    notice, status = "Token revoked: no node can use it now.", 200
+    try:
+        enrollment.revoke(enrollment_id)
+    except DomainError as error:
+        if error.code != "ENROLLMENT_NOT_PENDING":
+            raise
+        notice, status = error.message, 409
+    return _wizard("partials/_enroll_progress.html", status, notice=notice, **_progress_context(enrollment_id))

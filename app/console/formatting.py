@@ -1,0 +1,63 @@
+"""Jinja filters for the console: ages, sizes and times a person reads at a glance."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from app.timeutil import parse_rfc3339
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(value: float | int | None) -> str:
+    """1073741824 → '1.0 GiB'; None → '—' (unknown is shown as unknown, P3)."""
+    if value is None:
+        return "—"
+    size = float(value)
+    for unit in _BYTE_UNITS:
+        if abs(size) < 1024 or unit == _BYTE_UNITS[-1]:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_age(seconds: float | int | None) -> str:
+    """A duration in the largest sensible unit: '12 s', '4 min', '3 h 5 min', '2 d'."""
+    if seconds is None:
+        return "never"
+    seconds = int(seconds)
+    if seconds < 90:
+        return f"{seconds} s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{hours // 24} d"
+
+
+def _moment(value: datetime | str | None) -> datetime | None:
+    if isinstance(value, str):
+        return parse_rfc3339(value)
+    return value
+
+
+def utc(value: datetime | str | None) -> str:
+    """An RFC 3339 string or datetime as '2026-11-30 04:18:33 UTC'; None → '—'."""
+    moment = _moment(value)
+    if moment is None:
+        return "—"
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def age_since(value: datetime | str | None, now: datetime | None = None) -> str:
+    """How long ago a moment was, e.g. '12 s ago'; None → 'never'."""
+    moment = _moment(value)
+    if moment is None:
+        return "never"
+    now = now or datetime.now(UTC)
+    return human_age(max((now - moment).total_seconds(), 0)) + " ago"
+
+
+FILTERS = {"human_bytes": human_bytes, "human_age": human_age, "utc": utc, "age_since": age_since}

@@ -1,0 +1,211 @@
+"""Hardware → Nodes and the node page (C2, C3, I4–I6)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import sqlalchemy as sa
+from flask import abort, current_app, redirect, render_template, request, url_for
+
+from app import nodes, readiness, telemetry_history
+from app.console import bp, is_htmx_fragment_request, page_or_partial
+from app.console.auth import login_required
+from app.console.charts import line_chart
+from app.console.commands import replace_credential_command
+from app.db import begin_read_only
+from app.errors import DomainError
+from app.extensions import db
+from app.models import AuditEvent
+from app.models.telemetry import METRICS
+from app.timeutil import utcnow
+
+TIMELINE_LENGTH = 25
+# C3: charts over the last hour (raw samples) and the last day (5-minute averages).
+WINDOWS = {"hour": (timedelta(hours=1), None), "day": (timedelta(days=1), timedelta(minutes=5))}
+CHART_UNITS = {
+    "utilization_gpu_percent": ("Utilisation", "%"),
+    "memory_used_bytes": ("Memory used", "bytes"),
+    "temperature_c": ("Temperature", "°C"),
+    "power_w": ("Power", "W"),
+}
+
+
+def _settings():
+    return current_app.config["MODELFORGE"]
+
+
+@bp.get("/")
+@login_required
+def index():
+    """The console opens on the node list."""
+    return redirect(url_for("console.nodes_page"))
+
+
+@bp.get("/hardware/nodes")
+@login_required
+def nodes_page():
+    """C2: one row per node; the table partial polls itself."""
+    begin_read_only()
+    rows = nodes.summaries(_settings())
+    counts = Counter("disabled" if row.disabled else row.status for row in rows)
+    duplicates = sorted({row.hostname for row in rows if row.suspected_duplicate_hostname})
+    return page_or_partial(
+        "nodes.html",
+        "partials/_nodes_table.html",
+        rows=rows,
+        counts=counts,
+        duplicate_hostnames=duplicates,
+        active="nodes",
+    )
+
+
+def _node_or_404(node_id: str) -> dict[str, object]:
+    described = nodes.describe([node_id], _settings())
+    if not described:
+        abort(404)
+    return described[0]
+
+
+def _timeline(node_id: str) -> list[AuditEvent]:
+    return list(
+        db.session.scalars(
+            sa.select(AuditEvent)
+            .where(AuditEvent.node_id == node_id)
+            .order_by(AuditEvent.id.desc())
+            .limit(TIMELINE_LENGTH)
+        )
+    )
+
+
+def _live_context(node_id: str) -> dict[str, object]:
+    node = _node_or_404(node_id)
+    return {
+        "node": node,
+        "readiness": readiness.for_node(node_id, _settings()),
+        "timeline": _timeline(node_id),
+        "settings": _settings(),
+    }
+
+
+def _charts_context(node: dict[str, object], window_name: str) -> dict[str, object]:
+    window, bucket = WINDOWS[window_name]
+    now = utcnow()
+    start = now - window
+    history = telemetry_history.history(str(node["id"]), window, now, bucket=bucket)
+    names = {gpu["uuid"]: gpu["name"] for gpu in node["gpus"]}
+    charts = []
+    for gpu_uuid, series_by_metric in history.items():
+        memory_total = next(
+            (gpu["memory_total_bytes"] for gpu in node["gpus"] if gpu["uuid"] == gpu_uuid), None
+        )
+        y_max = {"utilization_gpu_percent": 100.0, "memory_used_bytes": memory_total}
+        charts.append(
+            {
+                "uuid": gpu_uuid,
+                "name": names.get(gpu_uuid) or "unknown model",
+                "charts": [
+                    line_chart(
+                        series_by_metric[metric],
+                        start,
+                        now,
+                        label=f"{CHART_UNITS[metric][0]} — {names.get(gpu_uuid) or gpu_uuid}",
+                        unit=CHART_UNITS[metric][1],
+                        y_max=y_max.get(metric),
+                    )
+                    for metric in METRICS
+                ],
+            }
+        )
+    return {"node": node, "window": window_name, "gpu_charts": charts, "windows": list(WINDOWS)}
+
+
+def _window() -> str:
+    name = request.args.get("window", "hour")
+    return name if name in WINDOWS else "hour"
+
+
+@bp.get("/hardware/nodes/<node_id>")
+@login_required
+def node_page(node_id: str):
+    """C3: every fact with the time it was measured, charts, credential, timeline, actions."""
+    begin_read_only()
+    context = _live_context(node_id)
+    if is_htmx_fragment_request():
+        return render_template("partials/_node_live.html", **context)
+    context.update(_charts_context(context["node"], _window()))
+    context["credentials"] = nodes.credentials(node_id)
+    return render_template("node.html", active="nodes", **context)
+
+
+@bp.get("/hardware/nodes/<node_id>/charts")
+@login_required
+def node_charts(node_id: str):
+    """The charts partial for one window (hour or day); the node page outside htmx."""
+    if not is_htmx_fragment_request():
+        return redirect(url_for("console.node_page", node_id=node_id, window=_window()))
+    begin_read_only()
+    return render_template("partials/_node_charts.html", **_charts_context(_node_or_404(node_id), _window()))
+
+
+def _credential_panel(node_id: str, status: int = 200, **extra):
+    """The credential partial after an action; tells the other panels to refresh (node-changed)."""
+    node = _node_or_404(node_id)
+    context = {"node": node, "credentials": nodes.credentials(node_id), **extra}
+    if not is_htmx_fragment_request():
+        context.update(_live_context(node_id))
+        context.update(_charts_context(node, "hour"))
+        return render_template("node.html", active="nodes", **context), status
+    response = current_app.make_response((render_template("partials/_node_credential.html", **context), status))
+    response.headers["HX-Trigger"] = "node-changed"
+    return response
+
+
+@bp.post("/hardware/nodes/<node_id>/credential/rotate")
+@login_required
+def rotate_credential(node_id: str):
+    """I5: a new credential, shown once in this response only, with the steps to install it."""
+    nodes.get(node_id)
+    credential, secret = nodes.rotate_credential(node_id)
+    return _credential_panel(
+        node_id,
+        revealed_credential=secret,
+        revealed_prefix=credential.prefix,
+        replace_command=replace_credential_command(),
+    )
+
+
+@bp.post("/hardware/nodes/<node_id>/credential/revoke")
+@login_required
+def revoke_credential(node_id: str):
+    """I5: leave the node with no active credential."""
+    try:
+        nodes.revoke_credential(node_id)
+    except DomainError as error:
+        if error.code != "NO_ACTIVE_CREDENTIAL":
+            raise
+        return _credential_panel(node_id, 409, notice=error.message)
+    return _credential_panel(node_id, notice="Credential revoked: the agent's next request is refused.")
+
+
+def _set_disabled(node_id: str, disabled: bool):
+    nodes.set_disabled(node_id, disabled)
+    if not is_htmx_fragment_request():
+        return redirect(url_for("console.node_page", node_id=node_id))
+    response = current_app.make_response(render_template("partials/_node_live.html", **_live_context(node_id)))
+    response.headers["HX-Trigger"] = "node-changed"
+    return response
+
+
+@bp.post("/hardware/nodes/<node_id>/disable")
+@login_required
+def disable_node(node_id: str):
+    """I6: ineligible at once; the agent's publications get 403 NODE_DISABLED."""
+    return _set_disabled(node_id, True)
+
+
+@bp.post("/hardware/nodes/<node_id>/enable")
+@login_required
+def enable_node(node_id: str):
+    """I6: undo disable."""
+    return _set_disabled(node_id, False)

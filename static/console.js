@@ -1,0 +1,86 @@
+// ModelForge console: the few behaviours HTMX does not cover. No inline script (strict CSP).
+// C4: a revealed secret lives only in this page's DOM; these functions take it out again.
+(function () {
+  "use strict";
+
+  function clearSecrets(reason) {
+    document.querySelectorAll("[data-secret-reveal]").forEach(function (reveal) {
+      var note = document.createElement("p");
+      note.className = "mf-notice";
+      note.setAttribute("role", "status");
+      note.setAttribute("data-secret-cleared", reason);
+      note.textContent = reason === "expired"
+        ? "The token expired and has been removed from this page. Create a new one to enrol the node."
+        : "The secret has been removed from this page.";
+      reveal.replaceWith(note);
+    });
+  }
+
+  function startCountdowns(root) {
+    root.querySelectorAll("[data-expires-in]").forEach(function (element) {
+      if (element.dataset.countdownStarted) return;
+      element.dataset.countdownStarted = "1";
+      // Count against the monotonic clock from the server's remaining seconds, so a skewed
+      // client clock cannot keep a token on screen past its expiry.
+      var deadline = performance.now() + Number(element.dataset.expiresIn) * 1000;
+      function tick() {
+        var left = Math.max(0, Math.round((deadline - performance.now()) / 1000));
+        var minutes = Math.floor(left / 60);
+        element.textContent = minutes > 0 ? minutes + " min " + (left % 60) + " s" : left + " s";
+        if (left <= 0) {
+          clearSecrets("expired");
+          return;
+        }
+        if (document.contains(element)) window.setTimeout(tick, 1000);
+      }
+      tick();
+    });
+  }
+
+  function copyText(button) {
+    var source = document.querySelector(button.dataset.copyTarget);
+    if (!source) return;
+    var done = function () {
+      button.textContent = "Copied";
+      window.setTimeout(function () { button.textContent = "Copy"; }, 1500);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(source.textContent).then(done);
+    } else {
+      var range = document.createRange();
+      range.selectNodeContents(source);
+      var selection = window.getSelection();
+      selection.removeAllRanges();
+      selection.addRange(range);
+      done();
+    }
+  }
+
+  // Capture phase: the secret is gone before htmx sends the request or the link navigates.
+  document.addEventListener("click", function (event) {
+    var target = event.target.closest("[data-clear-secret], [data-copy-target]");
+    if (!target) return;
+    if (target.hasAttribute("data-copy-target")) {
+      copyText(target);
+    } else if (!target.hasAttribute("hx-confirm")) {
+      clearSecrets("closed");
+    }
+  }, true);
+
+  // A confirmed revoke clears the reveal too; a cancelled one leaves it.
+  document.addEventListener("htmx:confirm", function (event) {
+    var source = event.detail.elt;
+    if (!source.hasAttribute("data-clear-secret") || !source.hasAttribute("hx-confirm")) return;
+    event.preventDefault();
+    if (window.confirm(event.detail.question)) {
+      clearSecrets("closed");
+      event.detail.issueRequest(true);
+    }
+  });
+
+  // Leaving the page (including into the back/forward cache) takes the secret with it.
+  window.addEventListener("pagehide", function () { clearSecrets("closed"); });
+
+  document.addEventListener("DOMContentLoaded", function () { startCountdowns(document); });
+  document.addEventListener("htmx:load", function (event) { startCountdowns(event.detail.elt); });
+})();

@@ -1,0 +1,534 @@
+"""The HTML console through Flask's test client (C1–C5, E4, I4–I6, R2, P2).
+
+Every page and partial: the full page vs the htmx fragment (`Vary: HX-Request`), CSRF
+refusals, sign-in redirects, and that a revealed secret appears once and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from app import create_app
+from app.extensions import db
+from app.models import AuditEvent, Credential, Enrollment, Node
+from app.timeutil import utcnow
+from tests import factories
+from tests.support import ADMIN, OPERATOR_KEY, PROJECT_ROOT, app_env
+
+HTMX = {"HX-Request": "true"}
+CSRF_INPUT = re.compile(r'name="csrf_token" type="hidden" value="([^"]+)"|name="csrf_token" value="([^"]+)"')
+
+
+def csrf_from(html: str) -> str:
+    """The CSRF token a rendered page carries (hidden input or the body's hx-headers)."""
+    match = CSRF_INPUT.search(html) or re.search(r"X-CSRFToken&#34;: &#34;([^&]+)&#34;", html)
+    assert match, "no CSRF token in the page"
+    return next(group for group in match.groups() if group)
+
+
+def sign_in(client, key: str = OPERATOR_KEY, next_path: str | None = None):
+    """Sign in through the login form; returns the response to the POST."""
+    page = client.get("/login")
+    url = "/login" if next_path is None else f"/login?next={next_path}"
+    return client.post(url, data={"operator_key": key, "csrf_token": csrf_from(page.get_data(as_text=True))})
+
+
+@pytest.fixture
+def console(client):
+    """A test client with an operator session; `.csrf` holds the session's CSRF token."""
+    assert sign_in(client).status_code == 302
+    client.csrf = csrf_from(client.get("/hardware/nodes").get_data(as_text=True))
+    return client
+
+
+def htmx_post(console, path: str, **kwargs):
+    """An htmx POST: CSRF in the X-CSRFToken header, as `hx-headers` on <body> sends it."""
+    return console.post(path, headers={**HTMX, "X-CSRFToken": console.csrf}, **kwargs)
+
+
+def node_with_gpu(client, hostname: str = "gpu-node-1") -> dict[str, object]:
+    """An enrolled node that sent inventory (one GPU) and one heartbeat with telemetry."""
+    node = factories.enrolled_node(client, hostname=hostname)
+    headers = factories.bearer(node["credential"])
+    assert client.post("/api/v1/agent/inventory", json=factories.inventory_body(), headers=headers).status_code == 200
+    assert client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=headers).status_code == 200
+    return node
+
+
+# --------------------------------------------------------------------------- C1 sign-in
+
+
+CONSOLE_PAGES = ["/", "/hardware/nodes", "/hardware/enroll", "/audit"]
+
+
+@pytest.mark.parametrize("path", CONSOLE_PAGES)
+def test_pages_redirect_to_login_without_a_session(client, path):
+    response = client.get(path)
+    assert response.status_code == 302
+    assert response.headers["Location"].startswith("/login?next=")
+
+
+def test_every_console_route_needs_a_session(app, client):
+    node = factories.enrolled_node(client)
+    enrollment_id = factories.mint(client)["id"]
+    checked = 0
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint.startswith("console.") and rule.endpoint != "console.login":
+            path = rule.rule.replace("<node_id>", node["node_id"]).replace("<enrollment_id>", enrollment_id)
+            for method in rule.methods - {"HEAD", "OPTIONS"}:
+                response = client.open(path, method=method)
+                # POSTs without a session are refused before anything else (CSRF or login).
+                assert response.status_code in (302, 400), (method, path, response.status_code)
+                checked += 1
+    assert checked >= 12
+
+
+def test_htmx_request_without_session_gets_401_and_hx_redirect(client):
+    response = client.get("/hardware/nodes", headers=HTMX)
+    assert response.status_code == 401
+    assert response.headers["HX-Redirect"] == "/login"
+
+
+def test_sign_in_sets_a_hardened_session_cookie_and_redirects_to_next(client):
+    response = sign_in(client, next_path="/audit")
+    assert response.status_code == 302 and response.headers["Location"] == "/audit"
+    cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    assert "Secure" not in cookie  # plain http: a Secure cookie would never come back
+    assert OPERATOR_KEY not in cookie
+    assert client.get("/hardware/nodes").status_code == 200
+
+
+def test_session_cookie_is_secure_over_https(app):
+    client = app.test_client()
+    page = client.get("/login", base_url="https://console.lan")
+    response = client.post(
+        "/login",
+        base_url="https://console.lan",
+        data={"operator_key": OPERATOR_KEY, "csrf_token": csrf_from(page.get_data(as_text=True))},
+        # Over HTTPS Flask-WTF also checks the Referer is this origin, as a browser sends it.
+        headers={"Referer": "https://console.lan/login"},
+    )
+    assert response.status_code == 302
+    assert "Secure" in response.headers["Set-Cookie"]
+
+
+@pytest.mark.parametrize("target", ["//evil.example/x", "https://evil.example/", "/\\evil.example"])
+def test_next_never_leaves_the_console(client, target):
+    response = sign_in(client, next_path=target)
+    assert response.headers["Location"] == "/hardware/nodes"
+
+
+def test_wrong_key_is_refused_audited_and_not_echoed(app, client):
+    response = sign_in(client, key="not-the-key-but-long-enough-to-look-real")
+    assert response.status_code == 401
+    body = response.get_data(as_text=True)
+    assert "That is not the operator key." in body
+    assert "not-the-key-but-long-enough" not in body
+    assert client.get("/hardware/nodes").status_code == 302
+    with app.app_context():
+        actions = db.session.scalars(sa.select(AuditEvent.action)).all()
+    assert actions == ["console.login_failed"]
+
+
+def test_login_rate_limit_refuses_even_the_right_key(client):
+    for _ in range(10):
+        assert sign_in(client, key="wrong-" + "x" * 40).status_code == 401
+    response = sign_in(client)
+    assert response.status_code == 429
+    assert int(response.headers["Retry-After"]) > 0
+    assert client.get("/hardware/nodes").status_code == 302
+
+
+def test_login_without_csrf_token_is_refused(client):
+    response = client.post("/login", data={"operator_key": OPERATOR_KEY})
+    assert response.status_code == 400
+    assert "security token" in response.get_data(as_text=True)
+    assert client.get("/hardware/nodes").status_code == 302
+
+
+def test_logout_ends_the_session(console):
+    assert console.post("/logout", data={"csrf_token": console.csrf}).status_code == 302
+    assert console.get("/hardware/nodes").status_code == 302
+
+
+def test_logout_without_csrf_is_refused(console):
+    assert console.post("/logout").status_code == 400
+    assert console.get("/hardware/nodes").status_code == 200
+
+
+def test_changing_the_operator_key_ends_every_session(database_url, tmp_path, console):
+    cookie = console.get_cookie("modelforge_session")
+    rekeyed = create_app(app_env(database_url, tmp_path, MODELFORGE_OPERATOR_API_KEY="another-key-" + "z" * 32))
+    other = rekeyed.test_client()
+    other.set_cookie("modelforge_session", cookie.value)
+    assert other.get("/hardware/nodes").status_code == 302
+    with rekeyed.app_context():
+        db.engine.dispose()
+
+
+# --------------------------------------------------------------------------- C2 nodes
+
+
+def test_nodes_page_full_and_fragment(console):
+    node_with_gpu(console)
+    page = console.get("/hardware/nodes")
+    fragment = console.get("/hardware/nodes", headers=HTMX)
+    boosted = console.get("/hardware/nodes", headers={**HTMX, "HX-Boosted": "true"})
+    for response in (page, fragment, boosted):
+        assert response.status_code == 200
+        assert "HX-Request" in response.headers["Vary"]
+        assert response.headers["Cache-Control"] == "no-store"
+    assert "<html" in page.get_data(as_text=True) and "<html" in boosted.get_data(as_text=True)
+    html = fragment.get_data(as_text=True)
+    assert "<html" not in html
+    assert 'id="nodes-table"' in html and 'hx-trigger="every 5s"' in html
+    assert "gpu-node-1" in html and "online" in html
+    assert "1 × NVIDIA GeForce RTX 4080" in html
+    assert "COMPATIBLE" in html
+
+
+def test_nodes_page_flags_two_node_ids_sharing_a_hostname(console):
+    factories.enrolled_node(console, hostname="tower")
+    assert "duplicate-hostname-banner" not in console.get("/hardware/nodes").get_data(as_text=True)
+    factories.enrolled_node(console, hostname="tower")
+    html = console.get("/hardware/nodes", headers=HTMX).get_data(as_text=True)
+    assert "duplicate-hostname-banner" in html
+    assert "More than one node ID uses the hostname tower" in html
+
+
+def test_nodes_page_shows_stale_and_disabled(app, console):
+    node = factories.enrolled_node(console)
+    headers = factories.bearer(node["credential"])
+    console.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(telemetry=[]), headers=headers)
+    with app.app_context():
+        db.session.execute(
+            sa.text("UPDATE node_leases SET last_heartbeat_at = :at"), {"at": utcnow() - timedelta(seconds=60)}
+        )
+        db.session.execute(sa.update(Node).values(disabled=True))
+        db.session.commit()
+    html = console.get("/hardware/nodes", headers=HTMX).get_data(as_text=True)
+    assert 'mf-badge mf-status-stale">stale' in html
+    assert 'mf-status-disabled">disabled' in html
+    assert "none (disabled)" in html
+
+
+# --------------------------------------------------------------------------- C3 node page
+
+
+def test_node_page_shows_every_fact_with_its_time(console):
+    node = node_with_gpu(console)
+    html = console.get(f"/hardware/nodes/{node['node_id']}").get_data(as_text=True)
+    for fact in (
+        "gpu-node-1",
+        "0.1.0-test",
+        "protocol 1",
+        "COMPATIBLE",
+        "AMD Ryzen 9 7950X",
+        "16 CPUs",
+        "64.0 GiB",
+        "GPU-00000000-0000-0000-0000-000000000001",
+        "NVIDIA GeForce RTX 4080",
+        "16.0 GiB",
+        "550.54.14",
+        "37 %",
+        "51 °C",
+        "123 W",
+        "inventory received",
+        "node.enrolled",
+        "Rotate credential",
+        "Disable node",
+    ):
+        assert fact in html, fact
+    assert html.count(" UTC") >= 5  # measured times are shown
+    assert "<svg" in html and 'id="node-charts"' in html
+
+
+def test_node_page_fragment_and_charts_partial(console):
+    node = node_with_gpu(console)
+    fragment = console.get(f"/hardware/nodes/{node['node_id']}", headers=HTMX)
+    html = fragment.get_data(as_text=True)
+    assert "<html" not in html and 'id="node-live"' in html
+    assert "node-changed from:body" in html
+    assert "HX-Request" in fragment.headers["Vary"]
+    charts = console.get(f"/hardware/nodes/{node['node_id']}/charts?window=day", headers=HTMX)
+    assert charts.status_code == 200
+    chart_html = charts.get_data(as_text=True)
+    assert "<html" not in chart_html and "last day" in chart_html and chart_html.count("<svg") == 4
+    # outside htmx the charts URL leads to the node page with that window
+    assert console.get(f"/hardware/nodes/{node['node_id']}/charts?window=day").status_code == 302
+
+
+def test_unknown_node_is_an_html_404(console):
+    response = console.get("/hardware/nodes/0b9cbbd8-0000-4000-8000-000000000000")
+    assert response.status_code == 404
+    assert "<html" in response.get_data(as_text=True)
+    response = htmx_post(console, "/hardware/nodes/0b9cbbd8-0000-4000-8000-000000000000/disable")
+    assert response.status_code == 404
+    assert "NODE_NOT_FOUND" in response.get_data(as_text=True)
+
+
+def test_disable_and_enable_from_the_node_page(app, console):
+    node = node_with_gpu(console)
+    path = f"/hardware/nodes/{node['node_id']}"
+    response = htmx_post(console, path + "/disable")
+    assert response.status_code == 200
+    assert response.headers["HX-Trigger"] == "node-changed"
+    assert 'data-testid="node-disabled"' in response.get_data(as_text=True)
+    heartbeat = console.post(
+        "/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=factories.bearer(node["credential"])
+    )
+    assert heartbeat.status_code == 403  # I6: refused at once
+    assert "Enable node" in response.get_data(as_text=True)
+    enabled = htmx_post(console, path + "/enable").get_data(as_text=True)
+    assert "Disable node" in enabled and 'data-testid="node-disabled"' not in enabled
+    with app.app_context():
+        actions = db.session.scalars(sa.select(AuditEvent.action).where(AuditEvent.node_id == node["node_id"])).all()
+    assert "node.disabled" in actions and "node.enabled" in actions
+
+
+def test_actions_without_csrf_change_nothing(app, console):
+    node = node_with_gpu(console)
+    for action in ("disable", "credential/rotate", "credential/revoke"):
+        response = console.post(f"/hardware/nodes/{node['node_id']}/{action}", headers=HTMX)
+        assert response.status_code == 400, action
+        assert "security token" in response.get_data(as_text=True)
+        wrong = console.post(
+            f"/hardware/nodes/{node['node_id']}/{action}", headers={**HTMX, "X-CSRFToken": "forged"}
+        )
+        assert wrong.status_code == 400
+    with app.app_context():
+        assert db.session.scalar(sa.select(Node.disabled)) is False
+        assert db.session.scalar(sa.select(sa.func.count()).select_from(Credential)) == 1
+
+
+def test_rotate_shows_the_new_credential_once(app, console):
+    node = node_with_gpu(console)
+    path = f"/hardware/nodes/{node['node_id']}"
+    response = htmx_post(console, path + "/credential/rotate")
+    assert response.status_code == 200
+    assert response.headers["Cache-Control"] == "no-store"
+    html = response.get_data(as_text=True)
+    secret = re.search(r'data-secret>(mfn_[^<]+)<', html).group(1)
+    assert "/data/state/node-credential" in html and "--force-recreate" in html
+    # the new credential works, the old one does not, and it is never shown again
+    ok = console.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=factories.bearer(secret))
+    assert ok.status_code == 200
+    old = console.post(
+        "/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=factories.bearer(node["credential"])
+    )
+    assert old.status_code == 401
+    assert secret not in console.get(path).get_data(as_text=True)
+    assert secret not in str(console.get_cookie("modelforge_session").value)
+    with app.app_context():
+        stored = db.session.scalar(sa.select(Credential.token_hash).where(Credential.revoked_at.is_(None)))
+    assert stored == hashlib.sha256(secret.encode()).hexdigest()
+
+
+def test_revoke_credential_then_again_is_a_clear_409(console):
+    node = node_with_gpu(console)
+    path = f"/hardware/nodes/{node['node_id']}/credential/revoke"
+    first = htmx_post(console, path)
+    assert first.status_code == 200 and "Credential revoked" in first.get_data(as_text=True)
+    second = htmx_post(console, path)
+    assert second.status_code == 409
+    assert "has no active credential" in second.get_data(as_text=True)
+
+
+# --------------------------------------------------------------------------- C4 wizard
+
+
+def enroll_form(console, **fields: str):
+    """POST the wizard's step 1 as htmx does."""
+    data = {"display_name": "Rack GPU", "expires_in_seconds": "900", "accelerator_mode": "nvidia", **fields}
+    return htmx_post(console, "/hardware/enroll", data=data)
+
+
+def test_wizard_form_fixes_origin_and_offers_four_expiries(console):
+    html = console.get("/hardware/enroll").get_data(as_text=True)
+    assert 'data-testid="api-origin">http://localhost<' in html
+    for value in ("300", "900", "3600", "86400"):
+        assert f'value="{value}"' in html
+    assert "Production eligible — always off" in html
+    assert 'name="production_eligible"' not in html
+    fragment = console.get("/hardware/enroll", headers=HTMX).get_data(as_text=True)
+    assert "<html" not in fragment and 'data-step="form"' in fragment
+
+
+def test_wizard_reveals_the_token_once_and_stores_only_its_hash(app, console):
+    response = enroll_form(console, labels="rack=a\ngpu = 4090", role="inference", production_eligible="y")
+    assert response.status_code == 201
+    assert response.headers["Cache-Control"] == "no-store"
+    html = response.get_data(as_text=True)
+    token = re.search(r'data-secret>(mfe_[^<]+)<', html).group(1)
+    assert html.count(token) == 1  # only in the reveal: not in the .env, the command or a URL
+    env_text = re.search(r'data-testid="env-file">(.*?)</pre>', html, re.S).group(1)
+    assert "MODELFORGE_AGENT_CONTROL_PLANE_URL=http://localhost" in env_text
+    assert "ENROLLMENT_TOKEN=" not in env_text and "mfe_" not in env_text
+    assert "read -rs" in html and "mktemp" in html
+    assert 'data-expires-in="' in html
+    with app.app_context():
+        minted = db.session.scalar(sa.select(Enrollment))
+        assert minted.token_hash == hashlib.sha256(token.encode()).hexdigest()
+        assert minted.production_eligible is False  # E4, whatever the form sent
+        assert minted.labels == {"rack": "a", "gpu": "4090"} and minted.role == "inference"
+        assert minted.api_origin == "http://localhost"
+        assert (minted.expires_at - minted.created_at).total_seconds() == 900
+    # never in the session, never again from the server
+    assert token not in str(console.get_cookie("modelforge_session").value)
+    assert token not in console.get(f"/hardware/enrollments/{minted.id}").get_data(as_text=True)
+    assert token not in console.get("/hardware/enroll").get_data(as_text=True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"display_name": ""}, "Give the node a name"),
+        ({"labels": "no-equals-sign"}, "write labels as key=value"),
+        ({"labels": "a=1\na=2"}, "appears twice"),
+        ({"expires_in_seconds": "7200"}, "Not a valid choice"),
+        ({"accelerator_mode": "tpu"}, "Not a valid choice"),
+        ({"display_name": "bad\x01name"}, "printable characters"),
+    ],
+)
+def test_wizard_refuses_bad_input_clearly_and_mints_nothing(app, console, fields, message):
+    response = enroll_form(console, **fields)
+    assert response.status_code == 422
+    html = response.get_data(as_text=True)
+    assert message in html and "mfe_" not in html
+    with app.app_context():
+        assert db.session.scalar(sa.select(sa.func.count()).select_from(Enrollment)) == 0
+
+
+def test_wizard_without_csrf_mints_nothing(app, console):
+    response = console.post("/hardware/enroll", data={"display_name": "x", "expires_in_seconds": "900"}, headers=HTMX)
+    assert response.status_code == 400
+    with app.app_context():
+        assert db.session.scalar(sa.select(sa.func.count()).select_from(Enrollment)) == 0
+
+
+def test_readiness_panel_polls_until_the_exact_node_is_ready(console):
+    html = enroll_form(console).get_data(as_text=True)
+    enrollment_id = re.search(r'data-enrollment-id="([^"]+)"', html).group(1)
+    token = re.search(r'data-secret>(mfe_[^<]+)<', html).group(1)
+    panel_path = f"/hardware/enrollments/{enrollment_id}/readiness"
+    step = console.get(f"/hardware/enrollments/{enrollment_id}", headers=HTMX).get_data(as_text=True)
+    assert "<html" not in step and 'data-polling="true"' in step and 'hx-trigger="every 2s"' in step
+    assert "--force-recreate" in step
+    # another node enrolling elsewhere does not make this panel ready (R1: the exact node)
+    node_with_gpu(console, hostname="someone-else")
+    assert 'data-polling="true"' in console.get(panel_path, headers=HTMX).get_data(as_text=True)
+    claim = console.post("/api/v1/agent/enroll", json=factories.enroll_body(token, hostname="wizard-node"))
+    node_id = claim.get_json()["node_id"]
+    headers = factories.bearer(claim.get_json()["credential"])
+    waiting = console.get(panel_path, headers=HTMX).get_data(as_text=True)
+    assert node_id in waiting and 'data-polling="true"' in waiting and 'data-ready="false"' in waiting
+    console.post("/api/v1/agent/inventory", json=factories.inventory_body(), headers=headers)
+    console.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=headers)
+    ready = console.get(panel_path, headers=HTMX)
+    ready_html = ready.get_data(as_text=True)
+    assert 'data-ready="true"' in ready_html and 'data-polling="false"' in ready_html
+    assert "hx-trigger" not in ready_html  # rendered without its trigger: polling stops
+    assert "<html" in console.get(panel_path).get_data(as_text=True)
+
+
+def test_revoke_unused_token_stops_the_panel(app, console):
+    html = enroll_form(console).get_data(as_text=True)
+    enrollment_id = re.search(r'data-enrollment-id="([^"]+)"', html).group(1)
+    token = re.search(r'data-secret>(mfe_[^<]+)<', html).group(1)
+    response = htmx_post(console, f"/hardware/enrollments/{enrollment_id}/revoke")
+    body = response.get_data(as_text=True)
+    assert response.status_code == 200 and "Token revoked" in body
+    assert token not in body and 'data-polling="false"' in body and "revoked" in body
+    claim = console.post("/api/v1/agent/enroll", json=factories.enroll_body(token))
+    assert claim.status_code == 410
+    again = htmx_post(console, f"/hardware/enrollments/{enrollment_id}/revoke")
+    assert again.status_code == 409 and "only an unused, unexpired token can be revoked" in again.get_data(as_text=True)
+
+
+def test_unknown_enrollment_is_an_html_404(console):
+    response = console.get("/hardware/enrollments/nope", headers=HTMX)
+    assert response.status_code == 404 and "ENROLLMENT_NOT_FOUND" in response.get_data(as_text=True)
+
+
+# --------------------------------------------------------------------------- C5 audit
+
+
+def test_audit_page_filters_and_fragment(console):
+    first = node_with_gpu(console, hostname="alpha")
+    node_with_gpu(console, hostname="beta")
+    htmx_post(console, f"/hardware/nodes/{first['node_id']}/disable")
+    page = console.get("/audit")
+    assert page.status_code == 200 and "<html" in page.get_data(as_text=True)
+    by_action = console.get("/audit?action=node.disabled", headers=HTMX).get_data(as_text=True)
+    assert "<html" not in by_action and by_action.count("data-event-id") == 1
+    by_node = console.get(f"/audit?node={first['node_id']}", headers=HTMX).get_data(as_text=True)
+    assert by_node.count("data-event-id") >= 3  # enrolled, online, disabled …
+    assert "beta" not in by_node
+    future = console.get("/audit?since=2999-01-01T00:00", headers=HTMX).get_data(as_text=True)
+    assert "No events match." in future
+    past = console.get("/audit?until=2000-01-01", headers=HTMX).get_data(as_text=True)
+    assert "No events match." in past
+
+
+def test_audit_page_refuses_bad_filters_with_a_message(console):
+    response = console.get("/audit?since=yesterday&before=-3")
+    assert response.status_code == 400
+    html = response.get_data(as_text=True)
+    assert "Use a date and time like" in html and "Not a page marker." in html
+
+
+def test_audit_page_paginates_newest_first(app, console):
+    with app.app_context():
+        from app import audit
+
+        for number in range(120):
+            audit.record("operator", "test.event", None, number=number)
+        db.session.commit()
+    seen = []
+    path = "/audit?action=test.event"
+    while path:
+        html = console.get(path, headers=HTMX).get_data(as_text=True)
+        seen.extend(int(value) for value in re.findall(r"number=(\d+)", html))
+        older = re.search(r'href="([^"]+)" data-testid="older"', html)
+        path = older.group(1).replace("&amp;", "&") if older else None
+    assert seen == list(range(119, -1, -1))
+
+
+# --------------------------------------------------------------------------- assets and headers
+
+
+def test_htmx_is_vendored_pinned_and_licensed():
+    directory = PROJECT_ROOT / "static" / "vendor" / "htmx-2.0.11"
+    source = (directory / "SOURCE.md").read_text()
+    digest = hashlib.sha256((directory / "htmx.min.js").read_bytes()).hexdigest()
+    assert f"SHA-256 `{digest}`" in source
+    assert "Zero-Clause BSD" in (directory / "LICENSE").read_text()
+
+
+def test_console_loads_nothing_from_the_internet(console):
+    html = console.get("/hardware/nodes").get_data(as_text=True)
+    assert "/static/vendor/htmx-2.0.11/htmx.min.js" in html
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+    for template in Path(PROJECT_ROOT / "templates").rglob("*.html"):
+        assert not re.search(r'(src|href)="(https?:)?//', template.read_text()), template
+
+
+def test_console_responses_carry_a_strict_csp(console):
+    response = console.get("/hardware/nodes")
+    policy = response.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert response.headers["X-Frame-Options"] == "DENY"
+    assert "<script>" not in response.get_data(as_text=True)  # no inline script to allow
+
+
+def test_api_still_answers_json_with_the_admin_header(client):
+    response = client.get("/api/v1/hardware/nodes", headers=ADMIN)
+    assert response.status_code == 200 and response.is_json
+    assert "Content-Security-Policy" not in response.headers
