@@ -92,7 +92,9 @@ def _charts_context(node: dict[str, object], window_name: str) -> dict[str, obje
     window, bucket = WINDOWS[window_name]
     now = utcnow()
     start = now - window
-    history = telemetry_history.history(str(node["id"]), window, now, bucket=bucket)
+    # A stretch with no samples longer than the stale threshold is drawn as a gap (P3).
+    max_gap = None if bucket else timedelta(seconds=_settings().node_stale_after_seconds)
+    history = telemetry_history.history(str(node["id"]), window, now, bucket=bucket, max_gap=max_gap)
     names = {gpu["uuid"]: gpu["name"] for gpu in node["gpus"]}
     charts = []
     for gpu_uuid, series_by_metric in history.items():
@@ -105,13 +107,16 @@ def _charts_context(node: dict[str, object], window_name: str) -> dict[str, obje
                 "uuid": gpu_uuid,
                 "name": names.get(gpu_uuid) or "unknown model",
                 "charts": [
-                    line_chart(
-                        series_by_metric[metric],
-                        start,
-                        now,
-                        label=f"{CHART_UNITS[metric][0]} — {names.get(gpu_uuid) or gpu_uuid}",
-                        unit=CHART_UNITS[metric][1],
-                        y_max=y_max.get(metric),
+                    (
+                        CHART_UNITS[metric][0],
+                        line_chart(
+                            series_by_metric[metric],
+                            start,
+                            now,
+                            label=f"{CHART_UNITS[metric][0]} — {names.get(gpu_uuid) or gpu_uuid}",
+                            unit=CHART_UNITS[metric][1],
+                            y_max=y_max.get(metric),
+                        ),
                     )
                     for metric in METRICS
                 ],
