@@ -250,6 +250,18 @@ def test_node_page_shows_every_fact_with_its_time(console):
     assert "<svg" in html and 'id="node-charts"' in html
 
 
+def test_node_page_copes_with_a_sparse_inventory(app, console):
+    node = factories.enrolled_node(console)
+    with app.app_context():
+        from app.models import NodeInventory
+
+        db.session.add(NodeInventory(node_id=node["node_id"], facts={"hostname": "gpu-node-1"}, received_at=utcnow()))
+        db.session.commit()
+    response = console.get(f"/hardware/nodes/{node['node_id']}")
+    assert response.status_code == 200
+    assert "Memory</dt><dd>—" in response.get_data(as_text=True)
+
+
 def test_node_page_fragment_and_charts_partial(console):
     node = node_with_gpu(console)
     fragment = console.get(f"/hardware/nodes/{node['node_id']}", headers=HTMX)

@@ -10,8 +10,8 @@ _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 def human_bytes(value: float | int | None) -> str:
-    """1073741824 → '1.0 GiB'; None → '—' (unknown is shown as unknown, P3)."""
-    if value is None:
+    """1073741824 → '1.0 GiB'; None or anything not a number → '—' (unknown is shown as unknown, P3)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
         return "—"
     size = float(value)
     for unit in _BYTE_UNITS:
