@@ -407,6 +407,8 @@ def test_wizard_reveals_the_token_once_and_stores_only_its_hash(app, console):
         ({"expires_in_seconds": "7200"}, "Not a valid choice"),
         ({"accelerator_mode": "tpu"}, "Not a valid choice"),
         ({"display_name": "bad\x01name"}, "printable characters"),
+        ({"display_name": "cost ${HOME}"}, "must not contain"),
+        ({"display_name": "it's $5"}, "must not contain"),
     ],
 )
 def test_wizard_refuses_bad_input_clearly_and_mints_nothing(app, console, fields, message):

@@ -7,6 +7,7 @@ from wtforms import BooleanField, PasswordField, SelectField, StringField, TextA
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
+from app.console.commands import env_value_error
 from app.enrollment import MAX_EXPIRY_SECONDS
 
 # C4: the wizard offers exactly these token lifetimes.
@@ -70,9 +71,11 @@ class EnrollForm(FlaskForm):
     benchmark_eligible = BooleanField("Benchmark eligible")
 
     def validate_display_name(self, field) -> None:
-        """No control characters: the name goes into a generated .env file."""
+        """No control characters, and nothing a .env file cannot hold exactly (it goes into one)."""
         if any(ord(char) < 32 or ord(char) == 127 for char in field.data or ""):
             raise ValidationError("Use printable characters only.")
+        if problem := env_value_error((field.data or "").strip()):
+            raise ValidationError(f"The display name {problem}.")
 
     def validate_labels(self, field) -> None:
         """Labels parse as key=value lines."""

@@ -1,0 +1,262 @@
+"""The text the enrol wizard and the node page hand to the admin: a `.env` and Bash snippets (C4, I5, P2).
+
+Pure functions: no Flask, no database. Nothing here ever sees a token or a credential; the
+snippets read them on the node from a hidden prompt, so no secret is ever part of this text (P2).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+COMPOSE_FILE = "docker-compose.node-agent.yml"
+ACCELERATOR_MODES = ("nvidia", "cpu", "auto")
+
+# Written without quotes: every .env reader takes these characters literally (no `$`, space, `#`,
+# quote or backslash), so URLs, image references and plain paths stay readable.
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_./:@%+,=~-]*")
+
+
+@dataclass(frozen=True)
+class AgentEnv:
+    """The non-secret settings of one node agent, as the wizard fills them in (C4, D2)."""
+
+    control_plane_url: str  # the console's own API origin (E3), e.g. "https://mf.lan:8000"
+    display_name: str
+    accelerator_mode: str = "nvidia"  # nvidia|cpu|auto (N1)
+    image: str = "modelforge-node-agent:local"
+    state_volume: str = "/mnt/user/appdata/modelforge-node-agent/state"
+    hf_cache_volume: str = "/mnt/user/appdata/modelforge-node-agent/hf-cache"
+    artifact_volume: str = "/mnt/user/appdata/modelforge-node-agent/artifacts"
+    quarantine_volume: str = "/mnt/user/appdata/modelforge-node-agent/quarantine"
+
+
+def env_value_error(value: str) -> str | None:
+    """Why `value` cannot be written to the .env so that every reader gets it back exactly, or None."""
+    # The file must mean the same to Docker Compose v2 (compose-go's dotenv parser, the reader that
+    # matters, D2) and to python-dotenv (podman-compose, our tests). Where no quoting makes the two
+    # agree, or Compose cannot represent the value at all, the value is refused rather than altered;
+    # forms call this before minting so the wizard never fails after a token exists (P5).
+    if any(char in value for char in "\n\r\0"):
+        return "must be a single line (no newline, carriage return or NUL character)"
+    if value.endswith("\\"):
+        # Compose reads a backslash right before the closing quote as an escaped quote.
+        return "must not end with a backslash"
+    if "${" in value:
+        # python-dotenv expands ${...} even inside single quotes; Compose does not.
+        return "must not contain '${'"
+    if "$" in value and ("'" in value or "\\" in value):
+        # Such a value needs double quotes, where Compose reads `$$` as `$` and python-dotenv does not.
+        return "must not contain '$' together with a quote (') or a backslash"
+    return None
+
+
+def _dotenv_value(name: str, value: str) -> str:
+    """`value` quoted for a Compose .env line; ValueError when it cannot be written exactly."""
+    problem = env_value_error(value)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}")
+    if _PLAIN_VALUE.fullmatch(value):
+        return value
+    if "'" not in value and "\\" not in value:
+        # Single quotes are literal in Compose and python-dotenv alike: spaces, `#`, `"` and `$`
+        # need no escaping, and no quote or backslash inside can end the value early.
+        return f"'{value}'"
+    # An apostrophe ("Bob's GPU box") or a backslash: double quotes, where both readers undo
+    # exactly `\\` and `\"`. env_value_error keeps `$` and a trailing backslash out of this branch.
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def _check(env: AgentEnv) -> None:
+    """Refuse settings that cannot be right, before an admin copies them to a node (N1, D2, E3)."""
+    url = urlsplit(env.control_plane_url)
+    if url.scheme not in ("https", "http") or not url.netloc:
+        raise ValueError(f"control_plane_url must be an http(s) origin, not {env.control_plane_url!r}")
+    if env.accelerator_mode not in ACCELERATOR_MODES:
+        raise ValueError(f"accelerator_mode must be one of {', '.join(ACCELERATOR_MODES)}")
+    last_part = env.image.rsplit("/", 1)[-1]
+    if "@" not in last_part and (":" not in last_part or last_part.endswith(":latest")):
+        # D2: never `latest`, and an image without a tag or digest means `latest`.
+        raise ValueError("image must name a release tag or an @sha256 digest, never latest")
+
+
+def env_file(env: AgentEnv) -> str:
+    """The non-secret `deploy/.env` for a node agent: no token, credential or Hub token, ever (P2)."""
+    _check(env)
+
+    def line(name: str, value: str) -> str:
+        return f"{name}={_dotenv_value(name, value)}"
+
+    lines = [
+        "# ModelForge node agent settings from the console's enrol wizard (C4). Save as deploy/.env",
+        "# next to docker-compose.node-agent.yml. Nothing secret belongs here (P2): the start command",
+        "# reads the one-time enrolment token from a hidden prompt, and the Hugging Face token comes",
+        "# from your shell's environment.",
+        "",
+        "# The control plane's API origin, as recorded with the enrolment (E3).",
+        line("MODELFORGE_AGENT_CONTROL_PLANE_URL", env.control_plane_url),
+        "# The name the console shows for this node.",
+        line("MODELFORGE_AGENT_DISPLAY_NAME", env.display_name),
+        "# Set this to the node's real host name (run `hostname` on it) and remove the leading '#':",
+        "# inside the container the agent only sees the container's own, meaningless name.",
+        "#MODELFORGE_AGENT_HOSTNAME=",
+        "# nvidia: refuse to start without NVML and a readable GPU (exit 3); cpu; or auto.",
+        line("MODELFORGE_AGENT_ACCELERATOR_MODE", env.accelerator_mode),
+        "# Keep true; for a private CA use docker-compose.node-agent.private-ca.yml instead.",
+        line("MODELFORGE_AGENT_TLS_VERIFY", "true"),
+        "# The agent image: a release tag or an @sha256 digest, never latest.",
+        line("MODELFORGE_NODE_AGENT_IMAGE", env.image),
+        "# Four dedicated absolute host directories, owned by 65532:65532 (the agent's user).",
+        "# The state directory holds the node identity and credential: keep it durable.",
+        line("MODELFORGE_AGENT_STATE_VOLUME", env.state_volume),
+        line("MODELFORGE_AGENT_HF_CACHE_VOLUME", env.hf_cache_volume),
+        line("MODELFORGE_AGENT_ARTIFACT_VOLUME", env.artifact_volume),
+        line("MODELFORGE_AGENT_QUARANTINE_VOLUME", env.quarantine_volume),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# Shared by both secret-reading snippets (C4, I5). It runs in a subshell so `set -e`, the traps
+# and `exit` never touch the admin's interactive shell. Tracing goes off first, and that line is
+# not traced itself. The traps remove the temporary secret file on success, on error and on
+# HUP/INT/TERM (exit 128+signal); the file variable is empty until mktemp has made the file.
+_PREAMBLE = """\
+(
+  { set +x; } 2>/dev/null
+  set -euo pipefail
+  umask 077
+  secret_file=''
+  trap 'if [[ -n "$secret_file" ]]; then rm -f -- "$secret_file"; fi' EXIT
+  trap 'exit 129' HUP
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  trap 'echo "modelforge: stopped after an error; no secret file is left behind." >&2' ERR
+  for required in .env __COMPOSE__; do
+    if [[ ! -f "$required" ]]; then
+      echo "modelforge: no $required in $PWD; cd to the deploy/ directory that holds .env and __COMPOSE__." >&2
+      exit 1
+    fi
+  done
+  if ! command -v docker >/dev/null; then
+    echo "modelforge: docker is not on PATH; install Docker with Compose v2 first." >&2
+    exit 1
+  fi
+"""
+
+# C4: the token goes from a hidden prompt into a mode-0600 temp file through the printf builtin,
+# so it is never echoed, traced, in the shell history or in any process's argv. Compose reads it
+# with a second --env-file (the later file wins) and bakes it into the container; the file is
+# gone when the subshell ends. The charset check also keeps the .env line parseable (P2).
+_START = (
+    "# ModelForge: start the node agent with the one-time enrolment token. Paste in deploy/.\n"
+    + _PREAMBLE
+    + """\
+  token=''
+  IFS= read -rs -p 'Paste the one-time enrolment token (input hidden): ' token || true
+  printf '\\n' >&2
+  token=${token//[[:space:]]/}
+  if [[ ! "$token" =~ ^mfe_[[:alnum:]_-]+$ ]]; then
+    echo "modelforge: that is not an enrolment token (they start with mfe_); nothing was started." >&2
+    exit 1
+  fi
+  secret_file=$(mktemp "${TMPDIR:-/tmp}/modelforge-enrol.XXXXXXXXXX")
+  chmod 600 -- "$secret_file"
+  builtin printf 'MODELFORGE_AGENT_ENROLLMENT_TOKEN=%s\\n' "$token" >"$secret_file"
+  unset token MODELFORGE_AGENT_ENROLLMENT_TOKEN
+  echo "modelforge: starting node-agent; the token is in a mode-0600 temp file, removed when this ends." >&2
+  docker compose --env-file .env --env-file "$secret_file" -f __COMPOSE__ up -d node-agent
+  echo "modelforge: started. When the console shows the node ready, run the recreate command." >&2
+)"""
+)
+
+# I3: the state volume keeps identity and credential, so the container is recreated from .env
+# alone; `env -u` also keeps a token still exported in the admin's shell out of it.
+_RECREATE = (
+    "# Recreate node-agent without the enrolment token; identity and credential stay in the state volume.\n"
+    "env -u MODELFORGE_AGENT_ENROLLMENT_TOKEN docker compose --env-file .env -f __COMPOSE__"
+    " up -d --force-recreate node-agent"
+)
+
+# I5, I2: after a rotation the new credential goes into <state>/node-credential exactly as the
+# agent writes it (write_private_file: the text plus "\n", mode 0600, atomic rename; the agent's
+# State._read_state strips the newline). The temp file is made inside the state directory so the
+# rename is atomic, and is prepared (written, chmod, chown) before anything is stopped, so a
+# failure leaves the node as it was. The state directory is taken from .env and exported, so
+# Compose mounts exactly the directory written to. Only host paths: a named volume has no path
+# the admin can write to here.
+_REPLACE_CREDENTIAL = (
+    "# ModelForge: install a rotated node credential into the agent's state directory. Paste in deploy/, as root.\n"
+    + _PREAMBLE
+    + """\
+  state_dir=''
+  setting='^[[:space:]]*(export[[:space:]]+)?MODELFORGE_AGENT_STATE_VOLUME[[:space:]]*[=:][[:space:]]*(.*)$'
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    if [[ "$line" =~ $setting ]]; then state_dir=${BASH_REMATCH[2]}; fi
+  done <.env
+  single_quoted="^'([^']*)'"
+  double_quoted='^"([^"\\\\$]*)"'
+  if [[ "$state_dir" =~ $single_quoted || "$state_dir" =~ $double_quoted ]]; then
+    state_dir=${BASH_REMATCH[1]}
+  elif [[ "$state_dir" == [\\'\\"]* || "$state_dir" == *'$'* ]]; then
+    echo "modelforge: write MODELFORGE_AGENT_STATE_VOLUME in .env as a plain path (no \\$ or escapes)." >&2
+    exit 1
+  else
+    state_dir=${state_dir%% #*}
+    state_dir=${state_dir%"${state_dir##*[![:space:]]}"}
+  fi
+  if [[ "$state_dir" != /* || ! -d "$state_dir" ]]; then
+    echo "modelforge: MODELFORGE_AGENT_STATE_VOLUME in .env must be the absolute path of an existing host" \\
+      "directory (now: '${state_dir}'). Named Docker volumes are not supported here: use a host path." >&2
+    exit 1
+  fi
+  if [[ -n "${MODELFORGE_AGENT_STATE_VOLUME:-}" && "$MODELFORGE_AGENT_STATE_VOLUME" != "$state_dir" ]]; then
+    echo "modelforge: your shell exports MODELFORGE_AGENT_STATE_VOLUME=$MODELFORGE_AGENT_STATE_VOLUME but .env" \\
+      "says $state_dir; unset it or make them agree." >&2
+    exit 1
+  fi
+  export MODELFORGE_AGENT_STATE_VOLUME="$state_dir"
+  unset MODELFORGE_AGENT_ENROLLMENT_TOKEN
+  credential=''
+  IFS= read -rs -p 'Paste the new node credential (input hidden): ' credential || true
+  printf '\\n' >&2
+  credential=${credential//[[:space:]]/}
+  if [[ ! "$credential" =~ ^mfn_[[:alnum:]_-]+$ ]]; then
+    echo "modelforge: that is not a node credential (they start with mfn_); nothing was changed." >&2
+    exit 1
+  fi
+  secret_file=$(mktemp "$state_dir/.node-credential.XXXXXXXXXX")
+  chmod 600 -- "$secret_file"
+  builtin printf '%s\\n' "$credential" >"$secret_file"
+  unset credential
+  if ! chown -- 65532:65532 "$secret_file"; then
+    echo "modelforge: cannot give the credential file to the agent's user (65532:65532); nothing was" \\
+      "changed. Open a root shell (sudo -i), cd back to this directory and paste this again." >&2
+    exit 1
+  fi
+  sync
+  echo "modelforge: stopping node-agent, replacing $state_dir/node-credential, recreating node-agent." >&2
+  docker compose --env-file .env -f __COMPOSE__ stop node-agent
+  mv -f -- "$secret_file" "$state_dir/node-credential"
+  secret_file=''
+  sync
+  docker compose --env-file .env -f __COMPOSE__ up -d --force-recreate node-agent
+  echo "modelforge: done; the node should show online again in the console within a minute." >&2
+)"""
+)
+
+
+def start_command() -> str:
+    """The Bash snippet that starts the agent with a token read from a hidden prompt (C4)."""
+    return _START.replace("__COMPOSE__", COMPOSE_FILE)
+
+
+def recreate_command() -> str:
+    """The command that recreates the agent without the token, keeping its state volume (C4, I3)."""
+    return _RECREATE.replace("__COMPOSE__", COMPOSE_FILE)
+
+
+def replace_credential_command() -> str:
+    """The Bash snippet that installs a rotated credential into the agent's state directory (I5)."""
+    return _REPLACE_CREDENTIAL.replace("__COMPOSE__", COMPOSE_FILE)
