@@ -38,7 +38,12 @@ def _wizard(template_partial: str, status: int = 200, **context):
 def enroll():
     """Step 1: the form. The API origin shown is fixed to this console's own (E3)."""
     begin_read_only()
-    return _wizard("partials/_enroll_form.html", form=EnrollForm(), api_origin=current_api_origin())
+    now = utcnow()
+    # Unused tokens still alive, so an admin can follow or revoke one minted earlier.
+    unused = [item for item in enrollment.list_all(EnrollmentState.PENDING, limit=50) if item.expires_at > now]
+    return _wizard(
+        "partials/_enroll_form.html", form=EnrollForm(), api_origin=current_api_origin(), unused_tokens=unused
+    )
 
 
 @bp.post("/hardware/enroll")
