@@ -119,7 +119,9 @@ def test_session_cookie_is_secure_over_https(app):
     assert "Secure" in response.headers["Set-Cookie"]
 
 
-@pytest.mark.parametrize("target", ["//evil.example/x", "https://evil.example/", "/\\evil.example"])
+@pytest.mark.parametrize(
+    "target", ["//evil.example/x", "https://evil.example/", "/\\evil.example", "/x%0ay", "/x%0d%0aSet-Cookie:%20a=b"]
+)
 def test_next_never_leaves_the_console(client, target):
     response = sign_in(client, next_path=target)
     assert response.headers["Location"] == "/hardware/nodes"
@@ -137,13 +139,37 @@ def test_wrong_key_is_refused_audited_and_not_echoed(app, client):
     assert actions == ["console.login_failed"]
 
 
-def test_login_rate_limit_refuses_even_the_right_key(client):
+def test_login_rate_limit_refuses_wrong_keys_but_never_locks_the_operator_out(app, client):
     for _ in range(10):
         assert sign_in(client, key="wrong-" + "x" * 40).status_code == 401
-    response = sign_in(client)
-    assert response.status_code == 429
-    assert int(response.headers["Retry-After"]) > 0
+    refused = sign_in(client, key="wrong-" + "y" * 40)
+    assert refused.status_code == 429
+    assert int(refused.headers["Retry-After"]) > 0
+    assert "Too many failed sign-ins" in refused.get_data(as_text=True)
+    with app.app_context():
+        failures = db.session.scalar(
+            sa.select(sa.func.count()).select_from(AuditEvent).where(AuditEvent.action == "console.login_failed")
+        )
+    assert failures == 10  # over the limit, refusals write nothing more
     assert client.get("/hardware/nodes").status_code == 302
+    # Anyone can send ten bad keys; the operator's own key still works.
+    assert sign_in(client).status_code == 302
+    assert client.get("/hardware/nodes").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [
+        ("192.0.2.7", "192.0.2.7"),
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+        ("::ffff:192.0.2.7", "192.0.2.7"),
+        (None, "unknown"),
+    ],
+)
+def test_login_limit_counts_ipv6_by_its_64(address, key):
+    from app.console.auth import client_key
+
+    assert client_key(address) == key
 
 
 def test_login_without_csrf_token_is_refused(client):
@@ -262,6 +288,44 @@ def test_node_page_copes_with_a_sparse_inventory(app, console):
     assert "Memory</dt><dd>—" in response.get_data(as_text=True)
 
 
+def test_node_page_survives_malformed_agent_facts(console):
+    node = factories.enrolled_node(console)
+    headers = factories.bearer(node["credential"])
+    body = factories.inventory_body(storage=["state"], unknown_reasons=["a"], cpu_count="many")
+    assert console.post("/api/v1/agent/inventory", json=body, headers=headers).status_code == 200
+    page = console.get(f"/hardware/nodes/{node['node_id']}")
+    assert page.status_code == 200
+    assert console.get(f"/hardware/nodes/{node['node_id']}", headers=HTMX).status_code == 200
+
+
+def test_agent_version_shows_when_it_was_reported(app, console):
+    node = factories.enrolled_node(console)
+    headers = factories.bearer(node["credential"])
+    assert console.post("/api/v1/agent/inventory", json=factories.inventory_body(), headers=headers).status_code == 200
+    html = console.get(f"/hardware/nodes/{node['node_id']}").get_data(as_text=True)
+    reported = re.search(r"reported (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)", html)
+    assert reported, "the agent version carries the time it was reported, before any heartbeat"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/hardware/nodes/%00",
+        "/hardware/nodes/not-a-uuid/charts",
+        "/hardware/enrollments/%00",
+        "/hardware/enrollments/x%00y/readiness",
+    ],
+)
+def test_ids_that_are_not_uuids_are_404_not_500(console, path):
+    assert console.get(path).status_code == 404
+    assert console.get(path, headers=HTMX).status_code == 404
+
+
+def test_posts_to_ids_that_are_not_uuids_are_404(console):
+    for path in ("/hardware/nodes/%00/disable", "/hardware/enrollments/%00/revoke"):
+        assert htmx_post(console, path).status_code == 404
+
+
 def test_node_page_fragment_and_charts_partial(console):
     node = node_with_gpu(console)
     fragment = console.get(f"/hardware/nodes/{node['node_id']}", headers=HTMX)
@@ -291,7 +355,8 @@ def test_disable_and_enable_from_the_node_page(app, console):
     path = f"/hardware/nodes/{node['node_id']}"
     response = htmx_post(console, path + "/disable")
     assert response.status_code == 200
-    assert response.headers["HX-Trigger"] == "node-changed"
+    # the response is #node-live itself, the one panel that listens for node-changed
+    assert "HX-Trigger" not in response.headers
     assert 'data-testid="node-disabled"' in response.get_data(as_text=True)
     heartbeat = console.post(
         "/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=factories.bearer(node["credential"])
@@ -325,6 +390,7 @@ def test_rotate_shows_the_new_credential_once(app, console):
     path = f"/hardware/nodes/{node['node_id']}"
     response = htmx_post(console, path + "/credential/rotate")
     assert response.status_code == 200
+    assert response.headers["HX-Trigger"] == "node-changed"  # the timeline refreshes; this panel keeps the reveal
     assert response.headers["Cache-Control"] == "no-store"
     html = response.get_data(as_text=True)
     secret = re.search(r'data-secret>(mfn_[^<]+)<', html).group(1)
@@ -409,6 +475,9 @@ def test_wizard_reveals_the_token_once_and_stores_only_its_hash(app, console):
         ({"display_name": "bad\x01name"}, "printable characters"),
         ({"display_name": "cost ${HOME}"}, "must not contain"),
         ({"display_name": "it's $5"}, "must not contain"),
+        ({"role": "gpu\x00box"}, "printable characters"),
+        ({"labels": "has space=x"}, "a label name is up to 63"),
+        ({"labels": "ok=bad\x00value"}, "printable characters"),
     ],
 )
 def test_wizard_refuses_bad_input_clearly_and_mints_nothing(app, console, fields, message):
@@ -478,7 +547,7 @@ def test_revoke_unused_token_stops_the_panel(app, console):
 
 
 def test_unknown_enrollment_is_an_html_404(console):
-    response = console.get("/hardware/enrollments/nope", headers=HTMX)
+    response = console.get("/hardware/enrollments/0b9cbbd8-0000-4000-8000-000000000000", headers=HTMX)
     assert response.status_code == 404 and "ENROLLMENT_NOT_FOUND" in response.get_data(as_text=True)
 
 
@@ -502,11 +571,30 @@ def test_audit_page_filters_and_fragment(console):
     assert "No events match." in past
 
 
-def test_audit_page_refuses_bad_filters_with_a_message(console):
-    response = console.get("/audit?since=yesterday&before=-3")
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("since=yesterday", "Use a date and time like"),
+        ("before=-3", "Not a page marker."),
+        ("before=%C2%B2", "Not a page marker."),
+        ("action=%00", "Pick a value from the list."),
+        ("node=a%00b", "Pick a value from the list."),
+    ],
+)
+def test_audit_page_refuses_bad_filters_with_a_message(console, query, message):
+    response = console.get(f"/audit?{query}")
     assert response.status_code == 400
-    html = response.get_data(as_text=True)
-    assert "Use a date and time like" in html and "Not a page marker." in html
+    assert message in response.get_data(as_text=True)
+
+
+def test_audit_until_includes_the_minute_and_day_it_names(console):
+    factories.enrolled_node(console)
+    now = utcnow()
+    minute = now.strftime("%Y-%m-%dT%H:%M")
+    same_minute = console.get(f"/audit?since={minute}&until={minute}", headers=HTMX).get_data(as_text=True)
+    assert "node.enrolled" in same_minute
+    today = console.get(f"/audit?until={now:%Y-%m-%d}", headers=HTMX).get_data(as_text=True)
+    assert "node.enrolled" in today
 
 
 def test_audit_page_paginates_newest_first(app, console):

@@ -182,3 +182,23 @@ def test_unknown_paths_and_methods_are_json(client):
     response = client.get("/api/v1/agent/heartbeat")
     assert_error(response, 405)
     assert "POST" in response.headers["Allow"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/api/v1/hardware/nodes/%00", 404),
+        ("GET", "/api/v1/admin/nodes/not-a-uuid/readiness", 404),
+        ("GET", "/api/v1/admin/node-enrollments/%00/readiness", 404),
+        ("POST", "/api/v1/admin/nodes/%00/disable", 404),
+        ("POST", "/api/v1/admin/nodes/x%00/credential/rotate", 404),
+        ("POST", "/api/v1/admin/node-enrollments/%00/revoke", 404),
+        ("GET", "/api/v1/admin/audit-events?node_id=%00", 400),
+        ("GET", "/api/v1/admin/audit-events?action=a%00b", 400),
+    ],
+)
+def test_nul_and_non_uuid_ids_are_clear_4xx_on_every_database(client, method, path, status):
+    # PostgreSQL refuses NUL in text outright; this once surfaced as a 500 (P5).
+    response = client.open(path, method=method, headers=ADMIN)
+    assert response.status_code == status
+    assert response.get_json()["error"]["code"] in {"NODE_NOT_FOUND", "ENROLLMENT_NOT_FOUND", "VALIDATION_FAILED"}

@@ -11,9 +11,18 @@ from typing import Any
 from flask import request
 
 from app.api.errors import ApiError
+from app.enrollment import LABEL_KEY, MAX_LABEL_VALUE_LENGTH, MAX_LABELS
 
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def is_uuid(text: str) -> bool:
+    """Whether `text` parses as a UUID (node and enrolment ids are UUIDs)."""
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _reject_constant(name: str) -> float:
@@ -173,11 +182,13 @@ class Fields:
             return {}
         if not isinstance(value, dict):
             raise invalid(self.name(key), "must be an object of string values")
-        if len(value) > 32:
-            raise invalid(self.name(key), "must have at most 32 labels")
+        if len(value) > MAX_LABELS:
+            raise invalid(self.name(key), f"must have at most {MAX_LABELS} labels")
         for label, text in value.items():
-            if not _LABEL_KEY.match(label):
+            if not LABEL_KEY.match(label):
                 raise invalid(f"{self.name(key)}.{label}", "label names are letters, digits, . _ / -")
-            if not isinstance(text, str) or len(text) > 200:
-                raise invalid(f"{self.name(key)}.{label}", "must be a string of at most 200 characters")
+            if not isinstance(text, str) or len(text) > MAX_LABEL_VALUE_LENGTH:
+                raise invalid(
+                    f"{self.name(key)}.{label}", f"must be a string of at most {MAX_LABEL_VALUE_LENGTH} characters"
+                )
         return dict(value)

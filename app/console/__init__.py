@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
-from flask import Blueprint, Flask, render_template, request
+from flask import Blueprint, Flask, abort, render_template, request
 from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import HTTPException
@@ -30,6 +31,17 @@ class ConsoleSessionInterface(SecureCookieSessionInterface):
         """Secure when configured, when this request came over HTTPS, or when the public origin is https."""
         public_origin = app.config["MODELFORGE"].public_api_origin or ""
         return bool(app.config["SESSION_COOKIE_SECURE"]) or request.is_secure or public_origin.startswith("https:")
+
+
+@bp.url_value_preprocessor
+def _ids_are_uuids(endpoint, values) -> None:
+    """Node and enrolment ids are UUIDs (I1): anything else is a 404 before any query (P5)."""
+    for name in ("node_id", "enrollment_id"):
+        if values and name in values:
+            try:
+                uuid.UUID(values[name])
+            except ValueError:
+                abort(404)
 
 
 def is_htmx_fragment_request() -> bool:

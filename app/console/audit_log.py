@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 from flask import request
@@ -14,17 +15,24 @@ from app.extensions import db
 from app.models import AuditEvent, Node
 
 PAGE_SIZE = 50
-_TIME_FORMATS = ("%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d")
+# Each accepted format with its resolution: "until 14:05" means up to the end of that minute.
+_TIME_FORMATS = (
+    ("%Y-%m-%dT%H:%M", timedelta(minutes=1)),
+    ("%Y-%m-%dT%H:%M:%S", timedelta(seconds=1)),
+    ("%Y-%m-%d", timedelta(days=1)),
+)
+_PAGE_MARKER = re.compile(r"[0-9]{1,18}")
+_FILTER_TEXT = re.compile(r"[A-Za-z0-9._:-]*")
 
 
-def _time_arg(name: str, errors: dict[str, str]) -> datetime | None:
-    """A `datetime-local` value, read as UTC; a bad one is reported, never a 500 (P5)."""
+def _time_arg(name: str, errors: dict[str, str]) -> tuple[datetime, timedelta] | None:
+    """A `datetime-local` value read as UTC, with its resolution; a bad one is reported (P5)."""
     raw = (request.args.get(name) or "").strip()
     if not raw:
         return None
-    for fmt in _TIME_FORMATS:
+    for fmt, resolution in _TIME_FORMATS:
         try:
-            return datetime.strptime(raw, fmt).replace(tzinfo=UTC)
+            return datetime.strptime(raw, fmt).replace(tzinfo=UTC), resolution
         except ValueError:
             continue
     errors[name] = "Use a date and time like 2026-11-30T14:05 (UTC)."
@@ -35,7 +43,7 @@ def _before_arg(errors: dict[str, str]) -> int | None:
     raw = (request.args.get("before") or "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or len(raw) > 18:
+    if not _PAGE_MARKER.fullmatch(raw):
         errors["before"] = "Not a page marker."
         return None
     return int(raw)
@@ -53,6 +61,11 @@ def audit_log():
         "since": (request.args.get("since") or "").strip()[:19],
         "until": (request.args.get("until") or "").strip()[:19],
     }
+    for name in ("node", "action"):
+        # ids and dotted action names only: nothing else can match, and NUL must not reach the database
+        if not _FILTER_TEXT.fullmatch(filters[name]):
+            errors[name] = "Pick a value from the list."
+            filters[name] = ""
     since, until = _time_arg("since", errors), _time_arg("until", errors)
     before = _before_arg(errors)
     query = sa.select(AuditEvent).order_by(AuditEvent.id.desc()).limit(PAGE_SIZE + 1)
@@ -61,9 +74,9 @@ def audit_log():
     if filters["action"]:
         query = query.where(AuditEvent.action == filters["action"])
     if since is not None:
-        query = query.where(AuditEvent.at >= since)
+        query = query.where(AuditEvent.at >= since[0])
     if until is not None:
-        query = query.where(AuditEvent.at <= until)
+        query = query.where(AuditEvent.at < until[0] + until[1])
     if before is not None:
         query = query.where(AuditEvent.id < before)
     events = list(db.session.scalars(query))

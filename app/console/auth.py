@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 from datetime import timedelta
 from functools import wraps
 from urllib.parse import urlsplit
@@ -47,11 +48,24 @@ def signed_in() -> bool:
 
 def _safe_next(target: str | None) -> str:
     """Only same-site relative paths; anything else goes to the nodes page (no open redirect)."""
-    if target and target.startswith("/") and not target.startswith(("//", "/\\")):
+    if target and target.startswith("/") and not target.startswith(("//", "/\\")) and target.isprintable():
         parts = urlsplit(target)
         if not parts.scheme and not parts.netloc:
             return target
     return url_for("console.nodes_page")
+
+
+def client_key(address: str | None) -> str:
+    """Who the login limit counts: the IPv4 address, or the /64 of an IPv6 one (one host's share)."""
+    try:
+        parsed = ipaddress.ip_address(address or "")
+    except ValueError:
+        return "unknown"
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{parsed}/64", strict=False))
+    return str(parsed)
 
 
 def login_required(view):
@@ -85,24 +99,28 @@ def _recent_failures(address: str) -> int:
 def login():
     """C1: exchange the operator key for a session cookie."""
     form = LoginForm()
-    address = request.remote_addr or "unknown"
+    address = client_key(request.remote_addr)
     status, error = 200, None
     if request.method == "POST":
-        if _recent_failures(address) >= MAX_FAILED_LOGINS:
-            db.session.rollback()
-            error = f"Too many failed sign-ins from {address}. Wait {FAILED_LOGIN_WINDOW.seconds // 60} minutes."
-            response = Response(render_template("login.html", form=form, error=error), 429)
-            response.headers["Retry-After"] = str(FAILED_LOGIN_WINDOW.seconds)
-            return response
         if form.validate_on_submit():
             expected = current_app.config["MODELFORGE"].operator_api_key
             if tokens.same_secret(expected, form.operator_key.data.strip()):
+                # The right key always gets in, even over the limit: a 256-bit key is not
+                # guessed, so the limit's job is to stop noise, never to lock the operator out.
                 session.clear()  # a fresh session (and CSRF token) on every sign-in
                 session.permanent = True
                 session["operator"] = _key_fingerprint()
                 audit.record(audit.OPERATOR, "console.login", remote_addr=address)
                 db.session.commit()
                 return redirect(_safe_next(request.args.get("next")))
+            if _recent_failures(address) >= MAX_FAILED_LOGINS:
+                # Over the limit: refused without another audit row or log line, so a script
+                # hammering the form cannot flood either.
+                db.session.rollback()
+                error = f"Too many failed sign-ins from {address}. Wait {FAILED_LOGIN_WINDOW.seconds // 60} minutes."
+                response = Response(render_template("login.html", form=form, error=error), 429)
+                response.headers["Retry-After"] = str(FAILED_LOGIN_WINDOW.seconds)
+                return response
             audit.record("anonymous", LOGIN_FAILED, remote_addr=address)
             db.session.commit()
             current_app.logger.warning("console sign-in refused from %s", address)

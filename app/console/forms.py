@@ -8,7 +8,7 @@ from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
 from app.console.commands import env_value_error
-from app.enrollment import MAX_EXPIRY_SECONDS
+from app.enrollment import LABEL_KEY, MAX_EXPIRY_SECONDS, MAX_LABEL_VALUE_LENGTH, MAX_LABELS
 
 # C4: the wizard offers exactly these token lifetimes.
 EXPIRY_CHOICES = [
@@ -22,7 +22,18 @@ ACCELERATOR_CHOICES = [
     SelectChoice("auto", "auto — require NVML only when NVIDIA devices are visible"),
     SelectChoice("cpu", "cpu — a CPU-only node"),
 ]
-MAX_LABELS = 32
+
+
+def _printable(text: str) -> bool:
+    return not any(ord(char) < 32 or ord(char) == 127 for char in text)
+
+
+class Printable:
+    """A field validator: no control characters (NUL and friends end up in the database)."""
+
+    def __call__(self, form, field) -> None:
+        if not _printable(field.data or ""):
+            raise ValidationError("Use printable characters only.")
 
 
 class EmptyForm(FlaskForm):
@@ -46,8 +57,12 @@ def parse_labels(text: str) -> dict[str, str]:
         key, value = key.strip(), value.strip()
         if not separator or not key:
             raise ValueError(f"line {number}: write labels as key=value")
-        if len(key) > 63 or len(value) > 200:
-            raise ValueError(f"line {number}: keys are at most 63 characters, values at most 200")
+        if not LABEL_KEY.match(key):
+            raise ValueError(
+                f"line {number}: a label name is up to 63 letters, digits, . _ / - and starts with a letter or digit"
+            )
+        if len(value) > MAX_LABEL_VALUE_LENGTH or not _printable(value):
+            raise ValueError(f"line {number}: a value is up to {MAX_LABEL_VALUE_LENGTH} printable characters")
         if key in labels:
             raise ValueError(f"line {number}: label {key!r} appears twice")
         labels[key] = value
@@ -61,9 +76,9 @@ class EnrollForm(FlaskForm):
 
     display_name = StringField(
         "Display name",
-        validators=[DataRequired(message="Give the node a name you will recognise."), Length(max=200)],
+        validators=[DataRequired(message="Give the node a name you will recognise."), Length(max=200), Printable()],
     )
-    role = StringField("Role", validators=[Optional(), Length(max=100)])
+    role = StringField("Role", validators=[Optional(), Length(max=100), Printable()])
     labels = TextAreaField("Labels", validators=[Optional(), Length(max=8000)])
     expires_in_seconds = SelectField("Token expires in", choices=EXPIRY_CHOICES, coerce=int, default=900)
     accelerator_mode = SelectField("Accelerator mode", choices=ACCELERATOR_CHOICES, default="nvidia")
@@ -71,9 +86,7 @@ class EnrollForm(FlaskForm):
     benchmark_eligible = BooleanField("Benchmark eligible")
 
     def validate_display_name(self, field) -> None:
-        """No control characters, and nothing a .env file cannot hold exactly (it goes into one)."""
-        if any(ord(char) < 32 or ord(char) == 127 for char in field.data or ""):
-            raise ValidationError("Use printable characters only.")
+        """Nothing a .env file cannot hold exactly (the name goes into one)."""
         if problem := env_value_error((field.data or "").strip()):
             raise ValidationError(f"The display name {problem}.")
 

@@ -16,7 +16,7 @@ from app.console.commands import replace_credential_command
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import db
-from app.models import AuditEvent
+from app.models import AuditEvent, NodeLease
 from app.models.telemetry import METRICS
 from app.timeutil import utcnow
 
@@ -80,8 +80,11 @@ def _timeline(node_id: str) -> list[AuditEvent]:
 
 def _live_context(node_id: str) -> dict[str, object]:
     node = _node_or_404(node_id)
+    lease = db.session.get(NodeLease, node_id)
     return {
         "node": node,
+        # C3: the agent version and protocol were last reported at enrolment or inventory time.
+        "agent_reported_at": lease.last_seen_at if lease else None,
         "readiness": readiness.for_node(node_id, _settings()),
         "timeline": _timeline(node_id),
         "settings": _settings(),
@@ -197,9 +200,8 @@ def _set_disabled(node_id: str, disabled: bool):
     nodes.set_disabled(node_id, disabled)
     if not is_htmx_fragment_request():
         return redirect(url_for("console.node_page", node_id=node_id))
-    response = current_app.make_response(render_template("partials/_node_live.html", **_live_context(node_id)))
-    response.headers["HX-Trigger"] = "node-changed"
-    return response
+    # The response is #node-live itself, the only panel that listens for node-changed: no trigger.
+    return render_template("partials/_node_live.html", **_live_context(node_id))
 
 
 @bp.post("/hardware/nodes/<node_id>/disable")
