@@ -91,8 +91,7 @@ for container_dir in ("state", "hf-cache", "artifacts", "quarantine"):
     os.makedirs(os.path.join(home, container_dir), exist_ok=True)
 env = {{key: (os.path.join(home, value[len("/data/"):]) if value.startswith("/data/") else value)
        for key, value in env.items()}}
-env.update(PATH=os.environ["PATH"], PYTHONPATH={fake_nvml!r}, FAKE_NVML_SCENARIO=os.environ["STANDIN_SCENARIO"],
-           MODELFORGE_AGENT_HOSTNAME="browser-node")
+env.update(PATH=os.environ["PATH"], PYTHONPATH={fake_nvml!r}, FAKE_NVML_SCENARIO=os.environ["STANDIN_SCENARIO"])
 pid_file = os.path.join(home, "agent.pid")
 if os.path.exists(pid_file):
     try:
@@ -276,6 +275,7 @@ def test_wizard_reveals_once_starts_a_real_agent_and_turns_ready_by_itself(page,
     page.goto(base + "/hardware/nodes")
     row = page.locator(f"tr[data-node-id='{node_id}']")
     expect(row).to_contain_text("Browser node")
+    expect(row).to_contain_text(os.uname().nodename)  # the start command wrote the node's name into .env (I4)
     expect(row).to_contain_text("online")
     expect(row).to_contain_text("1 × NVIDIA GeForce RTX 4090")
     page.steps.shot("nodes-list")

@@ -218,6 +218,22 @@ def test_start_passes_the_token_in_a_private_temp_file_and_removes_it(node, type
     assert "starting node-agent" in result.stderr
 
 
+def test_start_records_the_nodes_own_host_name_once(node):
+    """I4: the container cannot see the host's name, so the start command writes it into .env."""
+    env_path = node.deploy / ".env"
+    env_path.write_text(env_path.read_text().rstrip("\n"))  # a file without a final newline
+    assert node.run(start_command(), f"{TOKEN}\n").returncode == 0
+    lines = env_path.read_text().splitlines()
+    assert f"MODELFORGE_AGENT_HOSTNAME={os.uname().nodename}" in lines
+    assert lines[-2].startswith("MODELFORGE_AGENT_QUARANTINE_VOLUME=")  # appended on a line of its own
+    assert node.run(start_command(), f"{TOKEN}\n").returncode == 0
+    assert env_path.read_text().count("MODELFORGE_AGENT_HOSTNAME=") == 2  # the commented hint + one value
+    env_path.write_text(env_path.read_text().replace(os.uname().nodename, "tower"))
+    assert node.run(start_command(), f"{TOKEN}\n").returncode == 0
+    assert "MODELFORGE_AGENT_HOSTNAME=tower" in env_path.read_text().splitlines()
+    assert os.uname().nodename not in env_path.read_text()
+
+
 def test_start_removes_the_token_file_when_docker_fails(node):
     """C4: an error ends the subshell, and the token file goes with it."""
     result = node.run(start_command(), f"{TOKEN}\n", behaviour="fail")

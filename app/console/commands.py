@@ -99,8 +99,8 @@ def env_file(env: AgentEnv) -> str:
         line("MODELFORGE_AGENT_CONTROL_PLANE_URL", env.control_plane_url),
         "# The name the console shows for this node.",
         line("MODELFORGE_AGENT_DISPLAY_NAME", env.display_name),
-        "# Set this to the node's real host name (run `hostname` on it) and remove the leading '#':",
-        "# inside the container the agent only sees the container's own, meaningless name.",
+        "# The node's real host name: inside the container the agent only sees the container's own.",
+        "# Left commented out, the start command fills it in from `uname -n` on the node.",
         "#MODELFORGE_AGENT_HOSTNAME=",
         "# nvidia: refuse to start without NVML and a readable GPU (exit 3); cpu; or auto.",
         line("MODELFORGE_AGENT_ACCELERATOR_MODE", env.accelerator_mode),
@@ -153,6 +153,19 @@ _START = (
     "# ModelForge: start the node agent with the one-time enrolment token. Paste in deploy/.\n"
     + _PREAMBLE
     + """\
+  # I4: inside the container the agent sees only the container's name, which changes on every
+  # recreate; the node's own name goes into .env once, so duplicate identities stay visible.
+  hostname_setting='^[[:space:]]*(export[[:space:]]+)?MODELFORGE_AGENT_HOSTNAME[[:space:]]*=[[:space:]]*[^[:space:]#]'
+  if ! grep -Eq "$hostname_setting" .env; then
+    node_hostname=$(uname -n)
+    if [[ ! "$node_hostname" =~ ^[A-Za-z0-9][A-Za-z0-9.-]*$ ]]; then
+      echo "modelforge: set MODELFORGE_AGENT_HOSTNAME in .env to this node's host name first." >&2
+      exit 1
+    fi
+    if [[ -s .env && -n "$(tail -c 1 .env)" ]]; then echo >>.env; fi
+    echo "MODELFORGE_AGENT_HOSTNAME=$node_hostname" >>.env
+    echo "modelforge: added MODELFORGE_AGENT_HOSTNAME=$node_hostname to .env." >&2
+  fi
   token=''
   IFS= read -rs -p 'Paste the one-time enrolment token (input hidden): ' token || true
   printf '\\n' >&2
