@@ -229,6 +229,32 @@ def test_nodes_page_flags_two_node_ids_sharing_a_hostname(console):
     assert "More than one node ID uses the hostname tower" in html
 
 
+def test_nodes_page_filters_by_status_and_text_and_keeps_the_filter_while_polling(app, console):
+    alpha = node_with_gpu(console)
+    beta = node_with_gpu(console)
+    with app.app_context():
+        db.session.execute(sa.update(Node).where(Node.id == alpha["node_id"]).values(display_name="alpha-node"))
+        db.session.execute(
+            sa.update(Node).where(Node.id == beta["node_id"]).values(display_name="beta-node", disabled=True)
+        )
+        db.session.commit()
+    disabled = console.get("/hardware/nodes?status=disabled", headers=HTMX).get_data(as_text=True)
+    assert "beta-node" in disabled and "alpha-node" not in disabled
+    assert "Showing 1 of 2." in disabled
+    assert 'hx-get="/hardware/nodes?status=disabled"' in disabled  # the poll keeps the filter
+    searched = console.get("/hardware/nodes?q=ALPHA", headers=HTMX).get_data(as_text=True)
+    assert "alpha-node" in searched and "beta-node" not in searched
+    by_id = console.get(f"/hardware/nodes?q={beta['node_id'][:8]}", headers=HTMX).get_data(as_text=True)
+    assert "beta-node" in by_id and "alpha-node" not in by_id
+    by_model = console.get("/hardware/nodes?q=rtx%204080", headers=HTMX).get_data(as_text=True)
+    assert by_model.count("data-node-id") == 2
+    none = console.get("/hardware/nodes?status=online&q=nothing-like-this", headers=HTMX).get_data(as_text=True)
+    assert "No node matches this filter." in none
+    bad = console.get("/hardware/nodes?status=%00bogus")
+    assert bad.status_code == 400 and "showing every node" in bad.get_data(as_text=True)
+    assert bad.get_data(as_text=True).count("data-node-id") == 2
+
+
 def test_nodes_page_shows_stale_and_disabled(app, console):
     node = factories.enrolled_node(console)
     headers = factories.bearer(node["credential"])

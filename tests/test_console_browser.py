@@ -279,6 +279,13 @@ def test_wizard_reveals_once_starts_a_real_agent_and_turns_ready_by_itself(page,
     expect(row).to_contain_text("online")
     expect(row).to_contain_text("1 × NVIDIA GeForce RTX 4090")
     page.steps.shot("nodes-list")
+    page.fill("input[name=q]", "no-such-node")
+    expect(page.locator("#nodes-table")).to_contain_text("No node matches this filter.")
+    expect(page).to_have_url(re.compile(r"[?&]q=no-such-node"))
+    page.select_option("select[name=status]", "online")
+    page.fill("input[name=q]", "browser")
+    expect(page.locator(f"tr[data-node-id='{node_id}']")).to_be_visible()
+    page.steps.shot("nodes-filtered")
     assert_no_secrets(agent_server.log() + log.read_text(), token)
 
 

@@ -42,22 +42,45 @@ def index():
     return redirect(url_for("console.nodes_page"))
 
 
+STATUS_FILTERS = ("online", "stale", "offline", "pending", "disabled")
+
+
+def _matches(row: nodes.NodeSummary, status: str, needle: str) -> bool:
+    if status and ("disabled" if row.disabled else row.status) != status:
+        return False
+    if needle:
+        haystack = " ".join((row.display_name, row.hostname, row.id, *row.gpu_models)).casefold()
+        return needle.casefold() in haystack
+    return True
+
+
 @bp.get("/hardware/nodes")
 @login_required
 def nodes_page():
-    """C2: one row per node; the table partial polls itself."""
+    """C2: one row per node; the table partial polls itself, keeping any filter."""
     begin_read_only()
+    status = request.args.get("status", "")
+    needle = request.args.get("q", "").strip()[:200]
+    error = None
+    if status and status not in STATUS_FILTERS:
+        error, status = f"Unknown status {status[:40]!r}; showing every node.", ""
     rows = nodes.summaries(_settings())
     counts = Counter("disabled" if row.disabled else row.status for row in rows)
     duplicates = sorted({row.hostname for row in rows if row.suspected_duplicate_hostname})
+    shown = [row for row in rows if _matches(row, status, needle)] if status or needle else rows
+    filters = {name: value for name, value in (("status", status), ("q", needle)) if value}
     return page_or_partial(
         "nodes.html",
         "partials/_nodes_table.html",
-        rows=rows,
+        rows=shown,
+        total=len(rows),
         counts=counts,
         duplicate_hostnames=duplicates,
+        filters=filters,
+        statuses=STATUS_FILTERS,
+        error=error,
         active="nodes",
-    )
+    ), (400 if error else 200)
 
 
 def _node_or_404(node_id: str) -> dict[str, object]:
