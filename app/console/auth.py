@@ -105,8 +105,9 @@ def login():
         if form.validate_on_submit():
             expected = current_app.config["MODELFORGE"].operator_api_key
             if tokens.same_secret(expected, form.operator_key.data.strip()):
-                # The right key always gets in, even over the limit: a 256-bit key is not
-                # guessed, so the limit's job is to stop noise, never to lock the operator out.
+                # The right key always gets in, even over the limit: anyone who can reach /login
+                # could otherwise lock the operator out. The key is long and random (at least 32
+                # characters), so the limit is there to stop noise, not guessing.
                 session.clear()  # a fresh session (and CSRF token) on every sign-in
                 session.permanent = True
                 session["operator"] = _key_fingerprint()
