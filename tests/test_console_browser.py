@@ -140,8 +140,14 @@ def page(chromium, request):
     page = context.new_page()
     page.on("dialog", lambda dialog: dialog.accept())
     page.steps = Steps(page, request.node.name)
+    # A CSP violation, a script error or a failed htmx request shows up here; none is expected
+    # (the 401s of an unauthenticated first visit are followed by a redirect, not logged).
+    problems: list[str] = []
+    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+    page.on("pageerror", lambda error: problems.append(str(error)))
     yield page
     context.close()
+    assert problems == [], problems
 
 
 def sign_in(page, base_url: str, path: str = "/hardware/nodes") -> None:
