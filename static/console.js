@@ -78,6 +78,16 @@
     }
   });
 
+  // A tab nobody is looking at does not poll: a self-refresh (no triggering event) is skipped
+  // while the page is hidden, and the next tick after it is shown refreshes as usual. At 1,000
+  // nodes the node list is ~450 KiB every 5 s, so a forgotten tab is real load.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var config = event.detail.requestConfig;
+    if (document.hidden && config && !config.triggeringEvent && config.verb === "get") {
+      event.preventDefault();
+    }
+  });
+
   // Leaving the page (including into the back/forward cache) takes the secret with it.
   window.addEventListener("pagehide", function () { clearSecrets("closed"); });
 

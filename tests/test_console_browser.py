@@ -346,6 +346,27 @@ def test_the_countdown_removes_the_token_at_expiry(page, agent_server):
     page.steps.shot("expired")
 
 
+def test_a_hidden_tab_stops_polling_and_a_shown_one_resumes(page, agent_server):
+    page.clock.install()
+    sign_in(page, agent_server.url)
+    polls: list[str] = []
+    page.on("request", lambda request: "/hardware/nodes" in request.url and polls.append(request.url))
+
+    def five_seconds_pass(times: int) -> None:
+        for _ in range(times):
+            page.clock.run_for(5_100)
+            page.wait_for_timeout(400)  # the (real) response swaps in a fresh poller
+
+    five_seconds_pass(2)
+    assert len(polls) == 2, polls  # visible: the list refreshes every 5 s
+    page.evaluate("Object.defineProperty(document, 'hidden', {configurable: true, get: () => true})")
+    five_seconds_pass(3)
+    assert len(polls) == 2, polls  # hidden: nothing
+    page.evaluate("Object.defineProperty(document, 'hidden', {configurable: true, get: () => false})")
+    five_seconds_pass(1)
+    assert len(polls) == 3, polls
+
+
 def test_rotate_and_disable_from_the_node_page(page, agent_server, tmp_path):
     minted = mint_token(agent_server.url)
     agent = AgentProcess(
