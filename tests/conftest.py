@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from app import create_app
 from app.extensions import db
 from tests import support
+from tests.tls_support import make_private_ca
 
 POSTGRES_URL_ENV = "MODELFORGE_TEST_POSTGRES_URL"
 REQUIRE_ALL_ENV = "MODELFORGE_TEST_REQUIRE_ALL"
@@ -117,6 +118,23 @@ def agent_server(sqlite_template, tmp_path):
     shutil.copyfile(sqlite_template, path)
     running = support.GunicornServer(
         f"sqlite:///{path}", tmp_path, workers=2, MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1"
+    )
+    running.start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def tls_server(sqlite_template, tmp_path):
+    """The real control plane serving HTTPS with a certificate from a private CA made here."""
+    path = tmp_path / "tls.sqlite3"
+    shutil.copyfile(sqlite_template, path)
+    running = support.GunicornServer(
+        f"sqlite:///{path}",
+        tmp_path,
+        workers=2,
+        tls=make_private_ca(tmp_path),
+        MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1",
     )
     running.start()
     yield running

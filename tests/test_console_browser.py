@@ -134,20 +134,31 @@ class Steps:
 
 
 @pytest.fixture
-def page(chromium, request):
-    """A fresh browser context; confirmation dialogs are accepted like a user clicking OK."""
-    context = chromium.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.on("dialog", lambda dialog: dialog.accept())
-    page.steps = Steps(page, request.node.name)
-    # A CSP violation, a script error or a failed htmx request shows up here; none is expected
-    # (the 401s of an unauthenticated first visit are followed by a redirect, not logged).
-    problems: list[str] = []
-    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    yield page
-    context.close()
+def browser_context(chromium, request):
+    """A fresh browser context; its pages accept confirmations like a user clicking OK, and the
+    test fails on any console error: a CSP violation, a script error or a failed request."""
+    contexts, problems = [], []
+
+    def open_page(**options):
+        context = chromium.new_context(viewport={"width": 1280, "height": 900}, **options)
+        contexts.append(context)
+        page = context.new_page()
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        page.steps = Steps(page, request.node.name)
+        return page
+
+    yield open_page
+    for context in contexts:
+        context.close()
     assert problems == [], problems
+
+
+@pytest.fixture
+def page(browser_context):
+    """A page in a fresh context."""
+    return browser_context()
 
 
 def sign_in(page, base_url: str, path: str = "/hardware/nodes") -> None:
@@ -365,6 +376,22 @@ def test_a_hidden_tab_stops_polling_and_a_shown_one_resumes(page, agent_server):
     page.evaluate("Object.defineProperty(document, 'hidden', {configurable: true, get: () => false})")
     five_seconds_pass(1)
     assert len(polls) == 3, polls
+
+
+def test_over_https_the_session_cookie_is_secure_and_forms_still_pass_csrf(browser_context, tls_server):
+    # Chromium is not told about the test's private CA, so it is told to accept the certificate;
+    # what is under test is the cookie and Flask-WTF's HTTPS Referer check, not the chain.
+    page = browser_context(ignore_https_errors=True)
+    sign_in(page, tls_server.url)
+    (cookie,) = [cookie for cookie in page.context.cookies() if cookie["name"] == "modelforge_session"]
+    assert cookie["secure"] and cookie["httpOnly"] and cookie["sameSite"] == "Lax"
+    token = fill_wizard(page, "HTTPS node")
+    assert tls_server.url.startswith("https://")
+    expect(page.locator("#env-file")).to_contain_text(f"MODELFORGE_AGENT_CONTROL_PLANE_URL={tls_server.url}")
+    page.click("button:has-text('Revoke unused token')")
+    expect(page.locator("[data-testid=enrollment-state]")).to_have_text("revoked")
+    page.steps.shot("https-revoked")
+    assert_no_secrets(tls_server.log(), token)
 
 
 def test_rotate_and_disable_from_the_node_page(page, agent_server, tmp_path):
