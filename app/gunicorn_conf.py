@@ -28,8 +28,14 @@ def post_fork(server, worker):
 def _run_scheduler(server, stopping: threading.Event) -> None:
     """Keep one sweep process alive beside the workers; it touches the database, we never do."""
     while not stopping.is_set():
-        process = subprocess.Popen([sys.executable, "-m", "app.scheduler", "--parent-pid", str(os.getpid())])
+        try:
+            process = subprocess.Popen([sys.executable, "-m", "app.scheduler", "--parent-pid", str(os.getpid())])
+        except OSError as error:  # fork or exec refused (process or memory limits): try again, never give up
+            server.log.error("could not start the scheduler process (%s); retrying in 5 s", error)
+            stopping.wait(5)
+            continue
         server.modelforge_scheduler = process
+        server.log.info("started the scheduler as process %s", process.pid)
         process.wait()
         if not stopping.wait(5):
             server.log.warning("scheduler process exited with %s; starting another", process.returncode)

@@ -56,6 +56,7 @@ def fast_server(sqlite_template, tmp_path):
     running.start()
     yield running
     running.stop()
+    print(running.log()[-20000:])  # shown only when the test fails
 
 
 def test_stopped_agent_goes_stale_then_offline_and_returns_with_the_same_identity(fast_server, tmp_path):
