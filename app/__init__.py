@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from flask import Flask
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from app import api, cli, console, db
 from app.config import ConfigError, load_settings
@@ -34,6 +35,16 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
     app.config["SQLALCHEMY_ENGINE_OPTIONS"] = db.engine_options(settings.database_url)
     app.json.sort_keys = False
 
+    if settings.trusted_proxy_hops:
+        # Behind N reverse proxies, believe the last N X-Forwarded-* hops: the client address
+        # (login limit), the scheme (Secure cookie, Flask-WTF's HTTPS checks) and the host (E3).
+        app.wsgi_app = ProxyFix(
+            app.wsgi_app,
+            x_for=settings.trusted_proxy_hops,
+            x_proto=settings.trusted_proxy_hops,
+            x_host=settings.trusted_proxy_hops,
+            x_port=settings.trusted_proxy_hops,
+        )
     _configure_logging(app)
     db.init_app(app)
     migrate.init_app(app, db.db, directory=str(MIGRATIONS))

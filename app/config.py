@@ -38,6 +38,7 @@ class Settings:
     sweep_interval_seconds: int
     hardware_refresh_on_startup: bool
     max_request_bytes: int
+    trusted_proxy_hops: int
     telemetry_raw_retention_seconds: int
     telemetry_rollup_retention_seconds: int
     run_scheduler: bool
@@ -52,14 +53,14 @@ class Settings:
         }
 
 
-def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -> int:
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1, unit: str = "seconds") -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a whole number of seconds, got {raw!r}") from None
+        raise ConfigError(f"{name} must be a whole number of {unit}, got {raw!r}") from None
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
     return value
@@ -209,7 +210,8 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         node_offline_after_seconds=offline,
         sweep_interval_seconds=_int(env, "MODELFORGE_SWEEP_INTERVAL_SECONDS", 5),
         hardware_refresh_on_startup=_bool(env, "MODELFORGE_HARDWARE_REFRESH_ON_STARTUP", False),
-        max_request_bytes=_int(env, "MODELFORGE_MAX_REQUEST_BYTES", 256 * 1024, minimum=1024),
+        max_request_bytes=_int(env, "MODELFORGE_MAX_REQUEST_BYTES", 256 * 1024, minimum=1024, unit="bytes"),
+        trusted_proxy_hops=_int(env, "MODELFORGE_TRUSTED_PROXY_HOPS", 0, minimum=0, unit="proxies"),
         telemetry_raw_retention_seconds=raw_retention,
         telemetry_rollup_retention_seconds=rollup_retention,
         run_scheduler=_bool(env, "MODELFORGE_SCHEDULER", True),

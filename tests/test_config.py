@@ -48,6 +48,8 @@ def test_defaults_match_the_spec(tmp_path):
         ({"MODELFORGE_DATABASE_URL": "sqlite://relative.db"}, "MODELFORGE_DATABASE_URL"),
         ({"MODELFORGE_PUBLIC_API_ORIGIN": "not a url"}, "MODELFORGE_PUBLIC_API_ORIGIN"),
         ({"MODELFORGE_HARDWARE_REFRESH_ON_STARTUP": "maybe"}, "MODELFORGE_HARDWARE_REFRESH_ON_STARTUP"),
+        ({"MODELFORGE_TRUSTED_PROXY_HOPS": "yes"}, "MODELFORGE_TRUSTED_PROXY_HOPS must be a whole number of proxies"),
+        ({"MODELFORGE_TRUSTED_PROXY_HOPS": "-1"}, "MODELFORGE_TRUSTED_PROXY_HOPS must be at least 0"),
     ],
 )
 def test_refusals_name_the_variable(tmp_path, env, named):

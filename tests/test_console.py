@@ -119,6 +119,41 @@ def test_session_cookie_is_secure_over_https(app):
     assert "Secure" in response.headers["Set-Cookie"]
 
 
+FORWARDED = {
+    "X-Forwarded-For": "203.0.113.9",
+    "X-Forwarded-Proto": "https",
+    "X-Forwarded-Host": "mf.example",
+    "Referer": "https://mf.example/login",
+}
+
+
+@pytest.mark.parametrize("hops", ["1", None])
+def test_behind_a_trusted_proxy_the_forwarded_client_scheme_and_host_count(database_url, tmp_path, hops):
+    extra = {"MODELFORGE_TRUSTED_PROXY_HOPS": hops} if hops else {}
+    proxied = create_app(app_env(database_url, tmp_path, **extra))
+    client = proxied.test_client()
+    page = client.get("/login", headers=FORWARDED)
+    response = client.post(
+        "/login",
+        data={"operator_key": OPERATOR_KEY, "csrf_token": csrf_from(page.get_data(as_text=True))},
+        headers=FORWARDED,
+    )
+    assert response.status_code == 302
+    form = client.get("/hardware/enroll", headers=FORWARDED).get_data(as_text=True)
+    with proxied.app_context():
+        details = db.session.scalar(sa.select(AuditEvent.details).where(AuditEvent.action == "console.login"))
+        db.session.remove()
+        db.engine.dispose()
+    if hops:
+        assert "Secure" in response.headers["Set-Cookie"]
+        assert details["remote_addr"] == "203.0.113.9"
+        assert 'data-testid="api-origin">https://mf.example<' in form  # E3: the origin agents use
+    else:  # nobody's X-Forwarded-* is believed unless the operator says a proxy is there
+        assert "Secure" not in response.headers["Set-Cookie"]
+        assert details["remote_addr"] == "127.0.0.1"
+        assert 'data-testid="api-origin">http://localhost<' in form
+
+
 @pytest.mark.parametrize(
     "target", ["//evil.example/x", "https://evil.example/", "/\\evil.example", "/x%0ay", "/x%0d%0aSet-Cookie:%20a=b"]
 )
