@@ -112,3 +112,16 @@ class AgentProcess:
     def log(self) -> str:
         """What the agent printed."""
         return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
+
+
+def nvidia_agent(tmp_path: Path, server, scenario: str, name: str = "agent") -> tuple[AgentProcess, dict]:
+    """An agent in nvidia mode on the fake NVML, holding a fresh token."""
+    minted = mint_token(server.url)
+    agent = AgentProcess(
+        tmp_path,
+        server.url,
+        name=name,
+        MODELFORGE_AGENT_ENROLLMENT_TOKEN=minted["token"],
+        MODELFORGE_AGENT_ACCELERATOR_MODE="nvidia",
+    ).with_fake_nvml(scenario)
+    return agent, minted

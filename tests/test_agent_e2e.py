@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from tests.agent_support import AgentProcess, mint_token
+from tests.agent_support import AgentProcess, mint_token, nvidia_agent
 from tests.support import ADMIN, assert_no_secrets
 
 pytestmark = pytest.mark.e2e
@@ -166,18 +166,6 @@ SCENARIO = json.dumps(
         ],
     }
 )
-
-
-def nvidia_agent(tmp_path, server, scenario: str) -> tuple[AgentProcess, dict]:
-    """An agent in nvidia mode on the fake NVML, holding a fresh token."""
-    minted = mint_token(server.url)
-    agent = AgentProcess(
-        tmp_path,
-        server.url,
-        MODELFORGE_AGENT_ENROLLMENT_TOKEN=minted["token"],
-        MODELFORGE_AGENT_ACCELERATOR_MODE="nvidia",
-    ).with_fake_nvml(scenario)
-    return agent, minted
 
 
 def test_nvidia_mode_publishes_measured_gpus_and_telemetry(agent_server, tmp_path):

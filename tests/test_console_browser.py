@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.agent_support import FAKE_NVML_DIR, AgentProcess, mint_token
+from tests.agent_support import FAKE_NVML_DIR, nvidia_agent
 from tests.support import OPERATOR_KEY, PROJECT_ROOT, assert_no_secrets
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -58,23 +58,15 @@ home = os.environ["STANDIN_HOME"]
 args = sys.argv[1:]
 env_files = [args[i + 1] for i, arg in enumerate(args) if arg == "--env-file"]
 compose_file = args[args.index("-f") + 1]
-values = {{}}
-for path in env_files:
-    for line in open(path, encoding="utf-8"):
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, value = line.split("=", 1)
-        if len(value) >= 2 and value[0] == value[-1] == "'":
-            value = value[1:-1]
-        elif len(value) >= 2 and value[0] == value[-1] == '"':
-            value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
-        values[key.strip()] = value
+sys.path.insert(0, {project_root!r})
+from tests.compose_dotenv import read_compose_dotenv  # Compose's own .env rules
+
+files = {{path: read_compose_dotenv(open(path, encoding="utf-8").read()) for path in env_files}}
+values = {{key: value for read in files.values() for key, value in read.items()}}
 with open(os.path.join(home, "docker-calls.jsonl"), "a", encoding="utf-8") as log:
     log.write(json.dumps({{"argv": args, "env_files": [
-        {{"path": p, "mode": oct(os.stat(p).st_mode & 0o777), "keys": sorted(
-            l.split("=", 1)[0] for l in open(p, encoding="utf-8") if "=" in l and not l.startswith("#"))}}
-        for p in env_files]}}) + "\n")
+        {{"path": path, "mode": oct(os.stat(path).st_mode & 0o777), "keys": sorted(read)}}
+        for path, read in files.items()]}}) + "\n")
 
 def interpolate(text):
     def one(match):
@@ -180,11 +172,16 @@ def fill_wizard(page, display_name: str, expiry: str = "900") -> str:
     page.select_option("#accelerator_mode", "nvidia")
     page.steps.shot("wizard-form")
     page.click("button:has-text('Create one-time token')")
-    token_element = page.locator("#enrollment-token")
-    expect(token_element).to_be_visible()
-    token = token_element.inner_text().strip()
-    assert token.startswith("mfe_")
-    return token
+    return revealed_secret(page, "#enrollment-token", "mfe_")
+
+
+def revealed_secret(page, selector: str, prefix: str) -> str:
+    """The secret a reveal shows (once), after checking it is visible and shaped right."""
+    element = page.locator(selector)
+    expect(element).to_be_visible()
+    secret = element.inner_text().strip()
+    assert secret.startswith(prefix)
+    return secret
 
 
 def run_bash(script: str, cwd: Path, env: dict[str, str], stdin: str = "") -> subprocess.CompletedProcess:
@@ -203,7 +200,9 @@ def node_host(tmp_path):
     bin_dir = tmp_path / "node" / "bin"
     bin_dir.mkdir()
     docker = bin_dir / "docker"
-    docker.write_text(STANDIN_DOCKER.format(python=sys.executable, fake_nvml=FAKE_NVML_DIR))
+    docker.write_text(
+        STANDIN_DOCKER.format(python=sys.executable, fake_nvml=FAKE_NVML_DIR, project_root=str(PROJECT_ROOT))
+    )
     docker.chmod(0o755)
     home = tmp_path / "node" / "volumes"
     home.mkdir()
@@ -395,14 +394,7 @@ def test_over_https_the_session_cookie_is_secure_and_forms_still_pass_csrf(brows
 
 
 def test_rotate_and_disable_from_the_node_page(page, agent_server, tmp_path):
-    minted = mint_token(agent_server.url)
-    agent = AgentProcess(
-        tmp_path,
-        agent_server.url,
-        name="rotated",
-        MODELFORGE_AGENT_ENROLLMENT_TOKEN=minted["token"],
-        MODELFORGE_AGENT_ACCELERATOR_MODE="nvidia",
-    ).with_fake_nvml(GPU_SCENARIO)
+    agent, minted = nvidia_agent(tmp_path, agent_server, GPU_SCENARIO, name="rotated")
     agent.start()
     try:
         node_id = agent.wait_for(r"enrolled as node ([0-9a-f-]{36})")[0].group(1)
@@ -414,10 +406,7 @@ def test_rotate_and_disable_from_the_node_page(page, agent_server, tmp_path):
         page.steps.shot("node-page")
 
         page.click("button:has-text('Rotate credential')")
-        revealed = page.locator("#revealed-credential")
-        expect(revealed).to_be_visible()
-        credential = revealed.inner_text().strip()
-        assert credential.startswith("mfn_")
+        credential = revealed_secret(page, "#revealed-credential", "mfn_")
         expect(page.locator("#replace-command")).to_contain_text("node-credential")
         page.steps.shot("credential-rotated")
         # the old credential stopped working at once: the running agent exits 5 (I5)
