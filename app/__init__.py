@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from app import api, cli, console, db
 from app.config import ConfigError, load_settings
+from app.errors import DomainError
 from app.extensions import csrf, migrate
 
 __all__ = ["ConfigError", "create_app"]
@@ -45,6 +47,7 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
             x_host=settings.trusted_proxy_hops,
             x_port=settings.trusted_proxy_hops,
         )
+    app.url_value_preprocessor(_ids_are_uuids)
     _configure_logging(app)
     db.init_app(app)
     migrate.init_app(app, db.db, directory=str(MIGRATIONS))
@@ -53,6 +56,25 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
     console.init_app(app)
     cli.init_app(app)
     return app
+
+
+_ID_ARGUMENTS = (("node_id", "NODE_NOT_FOUND", "node"), ("enrollment_id", "ENROLLMENT_NOT_FOUND", "enrolment"))
+
+
+def _ids_are_uuids(endpoint: str | None, values: dict[str, str] | None) -> None:
+    """Node and enrolment ids are UUIDs (I1): any other id in a URL is not found, before any query.
+
+    PostgreSQL cannot even compare a NUL in text, so this once surfaced as a 500 (P5). The API
+    answers the domain error as JSON, the console as a page.
+    """
+    for name, code, what in _ID_ARGUMENTS:
+        value = (values or {}).get(name)
+        if value is None:
+            continue
+        try:
+            uuid.UUID(value)
+        except ValueError:
+            raise DomainError(code, f"No {what} has id {value[:100]!r}.", "Ids are UUIDs; list them first.") from None
 
 
 def _configure_logging(app: Flask) -> None:

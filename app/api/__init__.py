@@ -35,14 +35,11 @@ _HTTP_CODES = {
 }
 
 
-_ID_ARGUMENTS = (("node_id", "NODE_NOT_FOUND", "node"), ("enrollment_id", "ENROLLMENT_NOT_FOUND", "enrolment"))
-
-
 @bp.before_request
 def _before_api_request():
     """Refuse undocumented query parameters (A5); start GETs as readers, not writers."""
     from app.api.openapi import query_parameters
-    from app.api.validation import invalid, is_uuid
+    from app.api.validation import invalid
 
     if request.args and request.url_rule is not None:
         path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", request.url_rule.rule)
@@ -52,11 +49,6 @@ def _before_api_request():
         for name, value in request.args.items():
             if not value.isprintable():  # NUL cannot even be compared in PostgreSQL text (P5)
                 raise invalid(name, "must not contain control characters")
-    # Node and enrolment ids are UUIDs: anything else cannot exist, so say so before any query.
-    for name, code, what in _ID_ARGUMENTS:
-        value = (request.view_args or {}).get(name)
-        if value is not None and not is_uuid(value):
-            raise DomainError(code, f"No {what} has id {value[:100]!r}.", "Ids are UUIDs; list them with a GET.")
     if request.method in ("GET", "HEAD"):
         begin_read_only()
 

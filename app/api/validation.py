@@ -16,15 +16,6 @@ from app.enrollment import LABEL_KEY, MAX_LABEL_VALUE_LENGTH, MAX_LABELS
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def is_uuid(text: str) -> bool:
-    """Whether `text` parses as a UUID (node and enrolment ids are UUIDs)."""
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 

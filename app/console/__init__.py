@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
-from flask import Blueprint, Flask, abort, render_template, request
+from flask import Blueprint, Flask, render_template, request
 from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import HTTPException
 
-from app import timeutil
 from app.api.errors import STATUS_BY_CODE
 from app.console import formatting
 from app.errors import DomainError
@@ -33,17 +31,6 @@ class ConsoleSessionInterface(SecureCookieSessionInterface):
         return bool(app.config["SESSION_COOKIE_SECURE"]) or request.is_secure or public_origin.startswith("https:")
 
 
-@bp.url_value_preprocessor
-def _ids_are_uuids(endpoint, values) -> None:
-    """Node and enrolment ids are UUIDs (I1): anything else is a 404 before any query (P5)."""
-    for name in ("node_id", "enrollment_id"):
-        if values and name in values:
-            try:
-                uuid.UUID(values[name])
-            except ValueError:
-                abort(404)
-
-
 def is_htmx_fragment_request() -> bool:
     """An htmx request that wants a fragment: HX-Request set and not a boosted navigation."""
     return request.headers.get("HX-Request") == "true" and request.headers.get("HX-Boosted") != "true"
@@ -56,8 +43,8 @@ def page_or_partial(page: str, partial: str, **context):
 
 def render_error(status: int, title: str, message: str, next_step: str):
     """An HTML error: a fragment for htmx (swapped in place), else a whole page."""
-    template = "partials/_error.html" if is_htmx_fragment_request() else "error.html"
-    return render_template(template, title=title, message=message, next_step=next_step), status
+    page = page_or_partial("error.html", "partials/_error.html", title=title, message=message, next_step=next_step)
+    return page, status
 
 
 def render_domain_error(error: DomainError):
@@ -87,7 +74,6 @@ def init_app(app: Flask) -> None:
     )
     app.register_blueprint(bp)
     app.jinja_env.filters.update(formatting.FILTERS)
-    app.jinja_env.globals["isoformat"] = timeutil.isoformat
 
     @app.after_request
     def console_headers(response):

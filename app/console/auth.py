@@ -14,7 +14,7 @@ from flask import current_app, flash, redirect, render_template, request, sessio
 from werkzeug.wrappers import Response
 
 from app import audit, tokens
-from app.console import bp, is_htmx_fragment_request
+from app.console import bp
 from app.console.forms import LoginForm
 from app.db import begin_read_only
 from app.extensions import db
@@ -74,12 +74,11 @@ def login_required(view):
     @wraps(view)
     def wrapper(*args, **kwargs):
         if not signed_in():
-            login_url = url_for("console.login", next=request.full_path.rstrip("?"))
-            if is_htmx_fragment_request() or request.headers.get("HX-Request") == "true":
+            if request.headers.get("HX-Request") == "true":  # a fragment or a boosted navigation
                 response = Response("Your session ended; sign in again.", 401, mimetype="text/plain")
                 response.headers["HX-Redirect"] = url_for("console.login")
                 return response
-            return redirect(login_url)
+            return redirect(url_for("console.login", next=request.full_path.rstrip("?")))
         return view(*args, **kwargs)
 
     return wrapper

@@ -8,11 +8,11 @@ wizard closes, readiness is checked, the token is revoked or the countdown reach
 
 from __future__ import annotations
 
-from flask import current_app, render_template
+from flask import current_app
 
 from app import enrollment, readiness
 from app.api.enrollments import current_api_origin
-from app.console import bp, is_htmx_fragment_request, page_or_partial
+from app.console import bp, page_or_partial
 from app.console.auth import login_required
 from app.console.commands import AgentEnv, env_file, recreate_command, start_command
 from app.console.forms import EnrollForm, parse_labels
@@ -28,9 +28,7 @@ def _settings():
 
 def _wizard(template_partial: str, status: int = 200, **context):
     """A wizard step: the fragment for htmx (swapped into #wizard), else the whole wizard page."""
-    if is_htmx_fragment_request():
-        return render_template(template_partial, **context), status
-    return render_template("enroll.html", step=template_partial, active="enroll", **context), status
+    return page_or_partial("enroll.html", template_partial, step=template_partial, active="enroll", **context), status
 
 
 @bp.get("/hardware/enroll")

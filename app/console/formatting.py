@@ -14,11 +14,11 @@ def human_bytes(value: float | int | None) -> str:
     if not isinstance(value, int | float) or isinstance(value, bool):
         return "—"
     size = float(value)
-    for unit in _BYTE_UNITS:
-        if abs(size) < 1024 or unit == _BYTE_UNITS[-1]:
+    for unit in _BYTE_UNITS[:-1]:
+        if abs(size) < 1024:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
-    raise AssertionError("unreachable")
+    return f"{size:.1f} {_BYTE_UNITS[-1]}"
 
 
 def human_age(seconds: float | int | None) -> str:

@@ -110,7 +110,6 @@ def _live_context(node_id: str) -> dict[str, object]:
         "agent_reported_at": lease.last_seen_at if lease else None,
         "readiness": readiness.for_node(node_id, _settings()),
         "timeline": _timeline(node_id),
-        "settings": _settings(),
     }
 
 
@@ -121,17 +120,16 @@ def _charts_context(node: dict[str, object], window_name: str) -> dict[str, obje
     # A stretch with no samples longer than the stale threshold is drawn as a gap (P3).
     max_gap = None if bucket else timedelta(seconds=_settings().node_stale_after_seconds)
     history = telemetry_history.history(str(node["id"]), window, now, bucket=bucket, max_gap=max_gap)
-    names = {gpu["uuid"]: gpu["name"] for gpu in node["gpus"]}
+    gpus = {gpu["uuid"]: gpu for gpu in node["gpus"]}
     charts = []
     for gpu_uuid, series_by_metric in history.items():
-        memory_total = next(
-            (gpu["memory_total_bytes"] for gpu in node["gpus"] if gpu["uuid"] == gpu_uuid), None
-        )
-        y_max = {"utilization_gpu_percent": 100.0, "memory_used_bytes": memory_total}
+        gpu = gpus.get(gpu_uuid, {})
+        name = gpu.get("name") or "unknown model"
+        y_max = {"utilization_gpu_percent": 100.0, "memory_used_bytes": gpu.get("memory_total_bytes")}
         charts.append(
             {
                 "uuid": gpu_uuid,
-                "name": names.get(gpu_uuid) or "unknown model",
+                "name": name,
                 "charts": [
                     (
                         CHART_UNITS[metric][0],
@@ -139,7 +137,7 @@ def _charts_context(node: dict[str, object], window_name: str) -> dict[str, obje
                             series_by_metric[metric],
                             start,
                             now,
-                            label=f"{CHART_UNITS[metric][0]} — {names.get(gpu_uuid) or gpu_uuid}",
+                            label=f"{CHART_UNITS[metric][0]} — {name}",
                             unit=CHART_UNITS[metric][1],
                             y_max=y_max.get(metric),
                         ),
@@ -161,12 +159,16 @@ def _window() -> str:
 def node_page(node_id: str):
     """C3: every fact with the time it was measured, charts, credential, timeline, actions."""
     begin_read_only()
-    context = _live_context(node_id)
     if is_htmx_fragment_request():
-        return render_template("partials/_node_live.html", **context)
-    context.update(_charts_context(context["node"], _window()))
-    context["credentials"] = nodes.credentials(node_id)
-    return render_template("node.html", active="nodes", **context)
+        return render_template("partials/_node_live.html", **_live_context(node_id))
+    return _whole_node_page(node_id, _window())
+
+
+def _whole_node_page(node_id: str, window: str, **extra) -> str:
+    """The node page with every panel; `extra` reaches the credential panel (a reveal, a notice)."""
+    context = _live_context(node_id)
+    context.update(_charts_context(context["node"], window))
+    return render_template("node.html", active="nodes", credentials=nodes.credentials(node_id), **context, **extra)
 
 
 @bp.get("/hardware/nodes/<node_id>/charts")
@@ -181,12 +183,9 @@ def node_charts(node_id: str):
 
 def _credential_panel(node_id: str, status: int = 200, **extra):
     """The credential partial after an action; tells the other panels to refresh (node-changed)."""
-    node = _node_or_404(node_id)
-    context = {"node": node, "credentials": nodes.credentials(node_id), **extra}
     if not is_htmx_fragment_request():
-        context.update(_live_context(node_id))
-        context.update(_charts_context(node, "hour"))
-        return render_template("node.html", active="nodes", **context), status
+        return _whole_node_page(node_id, "hour", **extra), status
+    context = {"node": _node_or_404(node_id), "credentials": nodes.credentials(node_id), **extra}
     response = current_app.make_response((render_template("partials/_node_credential.html", **context), status))
     response.headers["HX-Trigger"] = "node-changed"
     return response
@@ -196,14 +195,8 @@ def _credential_panel(node_id: str, status: int = 200, **extra):
 @login_required
 def rotate_credential(node_id: str):
     """I5: a new credential, shown once in this response only, with the steps to install it."""
-    nodes.get(node_id)
-    credential, secret = nodes.rotate_credential(node_id)
-    return _credential_panel(
-        node_id,
-        revealed_credential=secret,
-        revealed_prefix=credential.prefix,
-        replace_command=replace_credential_command(),
-    )
+    _, secret = nodes.rotate_credential(node_id)  # NODE_NOT_FOUND comes from its row lock
+    return _credential_panel(node_id, revealed_credential=secret, replace_command=replace_credential_command())
 
 
 @bp.post("/hardware/nodes/<node_id>/credential/revoke")
