@@ -86,7 +86,16 @@ def test_every_console_route_needs_a_session(app, client):
                 # POSTs without a session are refused before anything else (CSRF or login).
                 assert response.status_code in (302, 400), (method, path, response.status_code)
                 checked += 1
+                # With a valid CSRF token (a visitor's session from the login page) but no sign-in,
+                # it is login_required, not CSRF, that refuses: a redirect to the login page.
+                csrf = csrf_from(client.get("/login").get_data(as_text=True))
+                response = client.open(path, method=method, headers={"X-CSRFToken": csrf})
+                assert response.status_code == 302, (method, path, response.status_code)
+                assert response.headers["Location"].startswith("/login")
     assert checked >= 12
+    with app.app_context():  # and none of those requests changed anything
+        assert db.session.scalar(sa.select(Node.disabled)) is False
+        assert db.session.scalar(sa.select(Enrollment.state).where(Enrollment.id == enrollment_id)) == "pending"
 
 
 def test_htmx_request_without_session_gets_401_and_hx_redirect(client):
