@@ -145,6 +145,25 @@ _PREAMBLE = """\
   fi
 """
 
+
+def _read_secret(variable: str, prompt: str, kind: str, prefix: str, outcome: str) -> str:
+    """Bash lines that read one secret from a hidden prompt into `variable` and refuse a wrong one.
+
+    One place for both snippets (C4, I5): no echo, pasted whitespace dropped, and the charset check
+    also keeps the value a valid .env line (P2). The secret is never echoed back, even when refused.
+    """
+    return f"""\
+  {variable}=''
+  IFS= read -rs -p 'Paste {prompt} (input hidden): ' {variable} || true
+  printf '\\n' >&2
+  {variable}=${{{variable}//[[:space:]]/}}
+  if [[ ! "${variable}" =~ ^{prefix}[[:alnum:]_-]+$ ]]; then
+    echo "modelforge: that is not {kind} (they start with {prefix}); nothing was {outcome}." >&2
+    exit 1
+  fi
+"""
+
+
 # C4: the token goes from a hidden prompt into a mode-0600 temp file through the printf builtin,
 # so it is never echoed, traced, in the shell history or in any process's argv. Compose reads it
 # with a second --env-file (the later file wins) and bakes it into the container; the file is
@@ -166,14 +185,9 @@ _START = (
     echo "MODELFORGE_AGENT_HOSTNAME=$node_hostname" >>.env
     echo "modelforge: added MODELFORGE_AGENT_HOSTNAME=$node_hostname to .env." >&2
   fi
-  token=''
-  IFS= read -rs -p 'Paste the one-time enrolment token (input hidden): ' token || true
-  printf '\\n' >&2
-  token=${token//[[:space:]]/}
-  if [[ ! "$token" =~ ^mfe_[[:alnum:]_-]+$ ]]; then
-    echo "modelforge: that is not an enrolment token (they start with mfe_); nothing was started." >&2
-    exit 1
-  fi
+"""
+    + _read_secret("token", "the one-time enrolment token", "an enrolment token", "mfe_", "started")
+    + """\
   secret_file=$(mktemp "${TMPDIR:-/tmp}/modelforge-enrol.XXXXXXXXXX")
   chmod 600 -- "$secret_file"
   builtin printf 'MODELFORGE_AGENT_ENROLLMENT_TOKEN=%s\\n' "$token" >"$secret_file"
@@ -231,14 +245,9 @@ _REPLACE_CREDENTIAL = (
   fi
   export MODELFORGE_AGENT_STATE_VOLUME="$state_dir"
   unset MODELFORGE_AGENT_ENROLLMENT_TOKEN
-  credential=''
-  IFS= read -rs -p 'Paste the new node credential (input hidden): ' credential || true
-  printf '\\n' >&2
-  credential=${credential//[[:space:]]/}
-  if [[ ! "$credential" =~ ^mfn_[[:alnum:]_-]+$ ]]; then
-    echo "modelforge: that is not a node credential (they start with mfn_); nothing was changed." >&2
-    exit 1
-  fi
+"""
+    + _read_secret("credential", "the new node credential", "a node credential", "mfn_", "changed")
+    + """\
   secret_file=$(mktemp "$state_dir/.node-credential.XXXXXXXXXX")
   chmod 600 -- "$secret_file"
   builtin printf '%s\\n' "$credential" >"$secret_file"
