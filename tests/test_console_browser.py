@@ -361,19 +361,27 @@ def test_a_hidden_tab_stops_polling_and_a_shown_one_resumes(page, agent_server):
     sign_in(page, agent_server.url)
     polls: list[str] = []
     page.on("request", lambda request: "/hardware/nodes" in request.url and polls.append(request.url))
+    poller = page.locator("#nodes-table")
 
-    def five_seconds_pass(times: int) -> None:
+    def five_seconds_pass(times: int, *, polled: bool) -> None:
         for _ in range(times):
+            # Each poll swaps in a fresh #nodes-table, and only that fresh element's timer fires
+            # the next one: wait for it (however slow the server is) before moving the clock on.
+            poller.evaluate("element => element.setAttribute('data-seen', '')")
             page.clock.run_for(5_100)
-            page.wait_for_timeout(400)  # the (real) response swaps in a fresh poller
+            if polled:
+                expect(page.locator("#nodes-table:not([data-seen])")).to_have_count(1)
+            else:
+                page.wait_for_timeout(500)  # time for a request that should not come
+                expect(page.locator("#nodes-table[data-seen]")).to_have_count(1)
 
-    five_seconds_pass(2)
+    five_seconds_pass(2, polled=True)
     assert len(polls) == 2, polls  # visible: the list refreshes every 5 s
     page.evaluate("Object.defineProperty(document, 'hidden', {configurable: true, get: () => true})")
-    five_seconds_pass(3)
+    five_seconds_pass(3, polled=False)
     assert len(polls) == 2, polls  # hidden: nothing
     page.evaluate("Object.defineProperty(document, 'hidden', {configurable: true, get: () => false})")
-    five_seconds_pass(1)
+    five_seconds_pass(1, polled=True)
     assert len(polls) == 3, polls
 
 
