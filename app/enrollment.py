@@ -35,6 +35,7 @@ class EnrollmentRequest:
     production_eligible: bool = False
     lab_eligible: bool = False
     benchmark_eligible: bool = False
+    agent_image: dict | None = None  # the console wizard's image source (C4, D5)
 
 
 @dataclass
@@ -73,6 +74,7 @@ def create(request: EnrollmentRequest, actor: str = audit.OPERATOR) -> tuple[Enr
         lab_eligible=request.lab_eligible,
         benchmark_eligible=request.benchmark_eligible,
         api_origin=request.api_origin,
+        agent_image=request.agent_image,
         state=EnrollmentState.PENDING,
         created_at=now,
         expires_at=now + timedelta(seconds=request.expires_in_seconds),
@@ -87,6 +89,7 @@ def create(request: EnrollmentRequest, actor: str = audit.OPERATOR) -> tuple[Enr
         expires_at=enrollment.expires_at.isoformat(),
         api_origin=enrollment.api_origin,
         production_eligible=enrollment.production_eligible,
+        **({"agent_image": request.agent_image["reference"]} if request.agent_image else {}),
     )
     db.session.commit()
     return enrollment, issued.secret

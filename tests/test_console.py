@@ -494,7 +494,8 @@ def test_revoke_credential_then_again_is_a_clear_409(console):
 
 def enroll_form(console, **fields: str):
     """POST the wizard's step 1 as htmx does."""
-    data = {"display_name": "Rack GPU", "expires_in_seconds": "900", "accelerator_mode": "nvidia", **fields}
+    data = {"display_name": "Rack GPU", "expires_in_seconds": "900", "accelerator_mode": "nvidia",
+            "image_source": "local", **fields}  # fmt: skip
     return htmx_post(console, "/hardware/enroll", data=data)
 
 

@@ -170,6 +170,7 @@ def fill_wizard(page, display_name: str, expiry: str = "900") -> str:
     page.fill("#labels", "rack=a\ngpu=4090")
     page.select_option("#expires_in_seconds", expiry)
     page.select_option("#accelerator_mode", "nvidia")
+    page.check("input[name=image_source][value=local]")  # the stand-in docker runs this checkout's agent
     page.steps.shot("wizard-form")
     page.click("button:has-text('Create one-time token')")
     return revealed_secret(page, "#enrollment-token", "mfe_")

@@ -20,7 +20,35 @@ def test_migrated_schema_matches_the_models(app):
     with app.app_context(), db.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, db.metadata) == []
-        assert context.get_current_revision() == "0001_initial"
+        assert context.get_current_revision() == "0002_enrollment_agent_image"
+
+
+def test_upgrading_an_existing_database_keeps_its_enrolments(tmp_path):
+    """0001 → 0002 on a database that already has an enrolment; then back down (C4, D5)."""
+    from flask_migrate import downgrade, upgrade
+
+    from app import create_app
+    from tests.support import app_env
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    app = create_app(app_env(url, tmp_path))
+    with app.app_context():
+        upgrade(revision="0001_initial")
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(
+                "INSERT INTO enrollments (id, token_hash, token_prefix, display_name, labels, production_eligible,"
+                " lab_eligible, benchmark_eligible, api_origin, state, created_at, expires_at) VALUES ('e-1',"
+                " 'h', 'mfe_x', 'old', '{}', 0, 0, 0, 'http://x', 'pending', '2026-11-30', '2026-12-01')"
+            ))  # fmt: skip
+        upgrade()
+        with db.engine.connect() as connection:
+            row = connection.execute(sa.text("SELECT display_name, agent_image FROM enrollments")).one()
+        assert tuple(row) == ("old", None)
+        downgrade(revision="0001_initial")
+        with db.engine.connect() as connection:
+            columns = [column["name"] for column in sa.inspect(connection).get_columns("enrollments")]
+            assert "agent_image" not in columns
+            assert connection.execute(sa.text("SELECT count(*) FROM enrollments")).scalar() == 1
 
 
 def test_sqlite_runs_in_wal_with_foreign_keys_and_a_busy_timeout(sqlite_app):

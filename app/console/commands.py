@@ -7,11 +7,68 @@ snippets read them on the node from a hidden prompt, so no secret is ever part o
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from app.release_manifest import NODE_AGENT, ImageRecord, record_from_json
+
 COMPOSE_FILE = "docker-compose.node-agent.yml"
 ACCELERATOR_MODES = ("nvidia", "cpu", "auto")
+LOCAL_IMAGE = f"{NODE_AGENT}:local"
+# registry[:port]/path/name@sha256:<digest>, lower case as the distribution spec writes names.
+_PINNED_REFERENCE = re.compile(
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?@sha256:[0-9a-f]{64}"
+)
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """Where the node's agent image comes from, and what the start command checks about it (C4, D5).
+
+    release: the release bundle loaded with `docker image load`, checked against the manifest's
+        images.modelforge-node-agent entry (tag, architecture, OS, RootFS layers, labels) before
+        anything starts; the container must then run exactly that image. Never pulled or built.
+    digest: a registry image pinned by @sha256 digest; pulled if missing, never built.
+    local: built from this checkout's Dockerfile (development).
+    """
+
+    kind: str
+    reference: str
+    release: ImageRecord | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """What the enrolment keeps, so later steps give the same commands."""
+        stored: dict[str, object] = {"kind": self.kind, "reference": self.reference}
+        if self.release is not None:
+            stored["release"] = self.release.to_json()
+        return stored
+
+    @classmethod
+    def from_json(cls, stored: dict | None) -> ImageSource:
+        if not stored:
+            return LOCAL_BUILD
+        if stored.get("kind") == "release":
+            return release_image(record_from_json(stored["release"]))
+        if stored.get("kind") == "digest":
+            return pinned_image(stored["reference"])
+        return LOCAL_BUILD
+
+
+LOCAL_BUILD = ImageSource("local", LOCAL_IMAGE)
+
+
+def release_image(record: ImageRecord) -> ImageSource:
+    return ImageSource("release", record.tag, record)
+
+
+def pinned_image(reference: str) -> ImageSource:
+    """A registry image pinned by digest; ValueError when `reference` is not one."""
+    if not _PINNED_REFERENCE.fullmatch(reference):
+        raise ValueError("write the image as registry/path/name@sha256:<64 hex digits> (a tag before @ is optional)")
+    return ImageSource("digest", reference)
 
 # Written without quotes: every .env reader takes these characters literally (no `$`, space, `#`,
 # quote or backslash), so URLs, image references and plain paths stay readable.
@@ -25,7 +82,7 @@ class AgentEnv:
     control_plane_url: str  # the console's own API origin (E3), e.g. "https://mf.lan:8000"
     display_name: str
     accelerator_mode: str = "nvidia"  # nvidia|cpu|auto (N1)
-    image: str = "modelforge-node-agent:local"
+    image: str = LOCAL_IMAGE
     state_volume: str = "/mnt/user/appdata/modelforge-node-agent/state"
     hf_cache_volume: str = "/mnt/user/appdata/modelforge-node-agent/hf-cache"
     artifact_volume: str = "/mnt/user/appdata/modelforge-node-agent/artifacts"
@@ -164,14 +221,46 @@ def _read_secret(variable: str, prompt: str, kind: str, prefix: str, outcome: st
 """
 
 
+# D5: before the token is asked for, the loaded image must be the release's: tag, architecture,
+# OS, RootFS layers and every recorded label (a Go template each, so Docker itself reads them).
+# The image ID is not compared, since `docker image load` may rewrite it; it is captured instead,
+# and the started container must run exactly that image (checked after `up`, below).
+_RELEASE_IMAGE_CHECK = """\
+  image=__IMAGE__
+  if ! image_id=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null); then
+    echo "modelforge: there is no image $image on this node. Check the release with sha256sum -c SHA256SUMS," \\
+      "then load its bundle: docker image load -i __BUNDLE__" >&2
+    exit 1
+  fi
+  mismatch=''
+  expect_image() {
+    local found
+    found=$(docker image inspect --format "$2" "$image")
+    if [[ "$found" != "$3" ]]; then mismatch+="  $1: expected '$3', found '$found'"$'\\n'; fi
+  }
+__EXPECTATIONS__
+  if [[ -n "$mismatch" ]]; then
+    printf 'modelforge: %s is not the release image in the manifest; nothing was started:\\n%s' "$image" "$mismatch" >&2
+    exit 1
+  fi
+  export MODELFORGE_NODE_AGENT_IMAGE="$image"
+"""
+
+_RUNNING_IMAGE_CHECK = """\
+  container_id=$(docker compose --env-file .env -f __COMPOSE__ ps -q node-agent)
+  running_image=$(docker inspect --format '{{.Image}}' "$container_id")
+  if [[ "$running_image" != "$image_id" ]]; then
+    docker compose --env-file .env -f __COMPOSE__ stop node-agent
+    echo "modelforge: node-agent runs image $running_image, not the checked $image_id; it was stopped." >&2
+    exit 1
+  fi
+"""
+
 # C4: the token goes from a hidden prompt into a mode-0600 temp file through the printf builtin,
 # so it is never echoed, traced, in the shell history or in any process's argv. Compose reads it
 # with a second --env-file (the later file wins) and bakes it into the container; the file is
 # gone when the subshell ends. The charset check also keeps the .env line parseable (P2).
-_START = (
-    "# ModelForge: start the node agent with the one-time enrolment token. Paste in deploy/.\n"
-    + _PREAMBLE
-    + """\
+_START_HOSTNAME = """\
   # I4: inside the container the agent sees only the container's name, which changes on every
   # recreate; the node's own name goes into .env once, so duplicate identities stay visible.
   hostname_setting='^[[:space:]]*(export[[:space:]]+)?MODELFORGE_AGENT_HOSTNAME[[:space:]]*=[[:space:]]*[^[:space:]#]'
@@ -186,24 +275,29 @@ _START = (
     echo "modelforge: added MODELFORGE_AGENT_HOSTNAME=$node_hostname to .env." >&2
   fi
 """
-    + _read_secret("token", "the one-time enrolment token", "an enrolment token", "mfe_", "started")
-    + """\
+
+_START_WITH_TOKEN = """\
   secret_file=$(mktemp "${TMPDIR:-/tmp}/modelforge-enrol.XXXXXXXXXX")
   chmod 600 -- "$secret_file"
   builtin printf 'MODELFORGE_AGENT_ENROLLMENT_TOKEN=%s\\n' "$token" >"$secret_file"
   unset token MODELFORGE_AGENT_ENROLLMENT_TOKEN
   echo "modelforge: starting node-agent; the token is in a mode-0600 temp file, removed when this ends." >&2
-  docker compose --env-file .env --env-file "$secret_file" -f __COMPOSE__ up -d node-agent
+  docker compose --env-file .env --env-file "$secret_file" -f __COMPOSE__ up -d__UP_FLAGS__ node-agent
+"""
+
+_START_DONE = """\
   echo "modelforge: started. When the console shows the node ready, run the recreate command." >&2
 )"""
-)
+
+# Start and recreate never build a release or pinned image, and never pull a release (D5, seed).
+_UP_FLAGS = {"release": " --no-build --pull never", "digest": " --no-build", "local": ""}
 
 # I3: the state volume keeps identity and credential, so the container is recreated from .env
 # alone; `env -u` also keeps a token still exported in the admin's shell out of it.
 _RECREATE = (
     "# Recreate node-agent without the enrolment token; identity and credential stay in the state volume.\n"
-    "env -u MODELFORGE_AGENT_ENROLLMENT_TOKEN docker compose --env-file .env -f __COMPOSE__"
-    " up -d --force-recreate node-agent"
+    "env -u MODELFORGE_AGENT_ENROLLMENT_TOKEN__UNSET_IMAGE__ docker compose --env-file .env -f __COMPOSE__"
+    " up -d --force-recreate__UP_FLAGS__ node-agent"
 )
 
 # I5, I2: after a rotation the new credential goes into <state>/node-credential exactly as the
@@ -269,14 +363,56 @@ _REPLACE_CREDENTIAL = (
 )
 
 
-def start_command() -> str:
-    """The Bash snippet that starts the agent with a token read from a hidden prompt (C4)."""
-    return _START.replace("__COMPOSE__", COMPOSE_FILE)
+def _release_expectations(record: ImageRecord) -> str:
+    """One `expect_image` line per fact the release manifest records about the image (D5)."""
+    layers = " \\\n".join(f"      {layer}" for layer in record.rootfs_layers)
+    lines = [
+        f"  expect_image architecture '{{{{.Architecture}}}}' {shlex.quote(record.architecture)}",
+        f"  expect_image os '{{{{.Os}}}}' {shlex.quote(record.os)}",
+        "  expect_image 'RootFS layers' '{{range .RootFS.Layers}}{{.}} {{end}}' \"$(printf '%s ' \\\n"
+        + layers
+        + ')"',
+    ]
+    for key, value in record.labels:
+        # _LABEL_KEY keeps quotes and backslashes out of the key, so it sits safely in the template.
+        template = shlex.quote(f'{{{{index .Config.Labels "{key}"}}}}')
+        lines.append(f"  expect_image {shlex.quote('label ' + key)} {template} {shlex.quote(value)}")
+    return "\n".join(lines) + "\n"
 
 
-def recreate_command() -> str:
-    """The command that recreates the agent without the token, keeping its state volume (C4, I3)."""
-    return _RECREATE.replace("__COMPOSE__", COMPOSE_FILE)
+def start_command(source: ImageSource = LOCAL_BUILD) -> str:
+    """The Bash snippet that starts the agent with a token read from a hidden prompt (C4, D5)."""
+    parts = ["# ModelForge: start the node agent with the one-time enrolment token. Paste in deploy/.\n", _PREAMBLE]
+    if source.release is not None:
+        bundle = f"modelforge-{source.release.version}-images.tar"
+        parts.append(
+            _RELEASE_IMAGE_CHECK.replace("__IMAGE__", shlex.quote(source.reference))
+            .replace("__BUNDLE__", bundle)
+            .replace("__EXPECTATIONS__\n", _release_expectations(source.release))
+        )
+    parts += [
+        _START_HOSTNAME,
+        _read_secret("token", "the one-time enrolment token", "an enrolment token", "mfe_", "started"),
+        _START_WITH_TOKEN.replace("__UP_FLAGS__", _UP_FLAGS[source.kind]),
+    ]
+    if source.release is not None:
+        parts.append(_RUNNING_IMAGE_CHECK)
+    parts.append(_START_DONE)
+    return "".join(parts).replace("__COMPOSE__", COMPOSE_FILE)
+
+
+def recreate_command(source: ImageSource = LOCAL_BUILD) -> str:
+    """The command that recreates the agent without the token, keeping its state volume (C4, I3).
+
+    For a release or pinned image, a MODELFORGE_NODE_AGENT_IMAGE exported in the admin's shell is
+    dropped too, so the image named in .env is the one that runs (Compose prefers the shell's).
+    """
+    unset_image = "" if source.kind == "local" else " -u MODELFORGE_NODE_AGENT_IMAGE"
+    return (
+        _RECREATE.replace("__COMPOSE__", COMPOSE_FILE)
+        .replace("__UNSET_IMAGE__", unset_image)
+        .replace("__UP_FLAGS__", _UP_FLAGS[source.kind])
+    )
 
 
 def replace_credential_command() -> str:

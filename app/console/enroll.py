@@ -14,7 +14,7 @@ from app import enrollment, readiness
 from app.api.enrollments import current_api_origin
 from app.console import bp, page_or_partial
 from app.console.auth import login_required
-from app.console.commands import AgentEnv, env_file, recreate_command, start_command
+from app.console.commands import AgentEnv, ImageSource, env_file, recreate_command, start_command
 from app.console.forms import EnrollForm, parse_labels
 from app.db import begin_read_only
 from app.errors import DomainError
@@ -52,6 +52,7 @@ def enroll_submit():
     if not form.validate_on_submit():
         return _wizard("partials/_enroll_form.html", 422, form=form, api_origin=current_api_origin())
     origin = current_api_origin()
+    agent_image = form.agent_image()
     minted, token = enrollment.create(
         enrollment.EnrollmentRequest(
             display_name=form.display_name.data.strip(),
@@ -62,12 +63,14 @@ def enroll_submit():
             production_eligible=False,  # E4: never from the wizard
             lab_eligible=form.lab_eligible.data,
             benchmark_eligible=form.benchmark_eligible.data,
+            agent_image=agent_image.to_json(),
         )
     )
     agent_env = AgentEnv(
         control_plane_url=origin,
         display_name=minted.display_name,
         accelerator_mode=form.accelerator_mode.data,
+        image=agent_image.reference,
     )
     return _wizard(
         "partials/_enroll_reveal.html",
@@ -76,17 +79,19 @@ def enroll_submit():
         token=token,
         expires_in=max(int((minted.expires_at - utcnow()).total_seconds()), 0),
         env_text=env_file(agent_env),
-        start_command=start_command(),
+        start_command=start_command(agent_image),
+        agent_image=agent_image,
     )
 
 
 def _progress_context(enrollment_id: str) -> dict[str, object]:
     minted = enrollment.get(enrollment_id)
+    agent_image = ImageSource.from_json(minted.agent_image)
     return {
         "enrollment": minted,
         "readiness": readiness.for_enrollment(minted, _settings()),
-        "recreate_command": recreate_command(),
-        "start_command": start_command(),
+        "recreate_command": recreate_command(agent_image),
+        "start_command": start_command(agent_image),
         "States": EnrollmentState,
     }
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from flask_wtf import FlaskForm
-from wtforms import BooleanField, PasswordField, SelectField, StringField, TextAreaField
+from wtforms import BooleanField, PasswordField, RadioField, SelectField, StringField, TextAreaField
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
-from app.console.commands import env_value_error
+from app.console.commands import LOCAL_BUILD, ImageSource, env_value_error, pinned_image, release_image
 from app.enrollment import LABEL_KEY, MAX_EXPIRY_SECONDS, MAX_LABEL_VALUE_LENGTH, MAX_LABELS
+from app.release_manifest import MAX_PASTE_BYTES, parse_pasted
 
 # C4: the wizard offers exactly these token lifetimes.
 EXPIRY_CHOICES = [
@@ -21,6 +22,13 @@ ACCELERATOR_CHOICES = [
     SelectChoice("nvidia", "nvidia — require NVML and a GPU (GPU nodes)"),
     SelectChoice("auto", "auto — require NVML only when NVIDIA devices are visible"),
     SelectChoice("cpu", "cpu — a CPU-only node"),
+]
+# D5 and the seed: the release bundle is the default; a pinned registry image the alternative; a
+# local source build is for development.
+IMAGE_SOURCE_CHOICES = [
+    SelectChoice("release", "Release bundle loaded on the node — checked against the release manifest"),
+    SelectChoice("digest", "Registry image pinned by @sha256 digest"),
+    SelectChoice("local", "Built from this checkout on the node (development)"),
 ]
 
 
@@ -82,6 +90,9 @@ class EnrollForm(FlaskForm):
     labels = TextAreaField("Labels", validators=[Optional(), Length(max=8000)])
     expires_in_seconds = SelectField("Token expires in", choices=EXPIRY_CHOICES, coerce=int, default=900)
     accelerator_mode = SelectField("Accelerator mode", choices=ACCELERATOR_CHOICES, default="nvidia")
+    image_source = RadioField("Agent image", choices=IMAGE_SOURCE_CHOICES, default="release")
+    release_entry = TextAreaField("images.modelforge-node-agent", validators=[Length(max=MAX_PASTE_BYTES)])
+    pinned_reference = StringField("Pinned image", validators=[Length(max=500)])
     lab_eligible = BooleanField("Lab eligible")
     benchmark_eligible = BooleanField("Benchmark eligible")
 
@@ -89,6 +100,34 @@ class EnrollForm(FlaskForm):
         """Nothing a .env file cannot hold exactly (the name goes into one)."""
         if problem := env_value_error((field.data or "").strip()):
             raise ValidationError(f"The display name {problem}.")
+
+    def validate_release_entry(self, field) -> None:
+        """D5: the manifest entry the start command checks the loaded image against."""
+        if self.image_source.data != "release":
+            return
+        if not (field.data or "").strip():
+            raise ValidationError("Paste images.modelforge-node-agent from the release's manifest.json.")
+        try:
+            parse_pasted(field.data)
+        except ValueError as error:
+            raise ValidationError(f"That is not a release manifest entry: {error}.") from None
+
+    def validate_pinned_reference(self, field) -> None:
+        """A registry image counts only when pinned by digest (D2: never a moving tag)."""
+        if self.image_source.data != "digest":
+            return
+        try:
+            pinned_image((field.data or "").strip())
+        except ValueError as error:
+            raise ValidationError(f"Pin the image by digest: {error}.") from None
+
+    def agent_image(self) -> ImageSource:
+        """The validated choice as the commands use it."""
+        if self.image_source.data == "release":
+            return release_image(parse_pasted(self.release_entry.data))
+        if self.image_source.data == "digest":
+            return pinned_image(self.pinned_reference.data.strip())
+        return LOCAL_BUILD
 
     def validate_labels(self, field) -> None:
         """Labels parse as key=value lines."""

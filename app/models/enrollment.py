@@ -43,6 +43,9 @@ class Enrollment(db.Model):
     consumed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     node_id: Mapped[str | None] = mapped_column(sa.ForeignKey("nodes.id", ondelete="SET NULL"))
+    # Console only (C4, D5): the agent image the wizard's commands start and check, so every step
+    # of the wizard gives the same commands. Not part of the API's view of an enrolment.
+    agent_image: Mapped[dict | None] = mapped_column(sa.JSON)
 
     def to_dict(self) -> dict[str, object]:
         """The enrolment as the API shows it: never the token."""
