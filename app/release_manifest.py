@@ -202,7 +202,9 @@ def build(engine: str, version: str, out: Path, tags: list[str]) -> Path:
             raise ValueError(f"{record.tag} is not tagged {version}")
     out.mkdir(parents=True, exist_ok=True)
     bundle = out / f"modelforge-{version}-images.tar"
-    subprocess.run([engine, "image", "save", "-o", str(bundle), *tags], check=True, capture_output=True)
+    # podman writes several images into one docker-archive only when asked; docker always does.
+    several = ["--multi-image-archive"] if Path(engine).name == "podman" and len(tags) > 1 else []
+    subprocess.run([engine, "image", "save", *several, "-o", str(bundle), *tags], check=True, capture_output=True)
     manifest = out / MANIFEST_NAME
     document = {
         "schema": SCHEMA,

@@ -7,8 +7,10 @@ refusals, sign-in redirects, and that a revealed secret appears once and nowhere
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from datetime import timedelta
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -446,9 +448,7 @@ def test_actions_without_csrf_change_nothing(app, console):
         response = console.post(f"/hardware/nodes/{node['node_id']}/{action}", headers=HTMX)
         assert response.status_code == 400, action
         assert "security token" in response.get_data(as_text=True)
-        wrong = console.post(
-            f"/hardware/nodes/{node['node_id']}/{action}", headers={**HTMX, "X-CSRFToken": "forged"}
-        )
+        wrong = console.post(f"/hardware/nodes/{node['node_id']}/{action}", headers={**HTMX, "X-CSRFToken": "forged"})
         assert wrong.status_code == 400
     with app.app_context():
         assert db.session.scalar(sa.select(Node.disabled)) is False
@@ -463,7 +463,7 @@ def test_rotate_shows_the_new_credential_once(app, console):
     assert response.headers["HX-Trigger"] == "node-changed"  # the timeline refreshes; this panel keeps the reveal
     assert response.headers["Cache-Control"] == "no-store"
     html = response.get_data(as_text=True)
-    secret = re.search(r'data-secret>(mfn_[^<]+)<', html).group(1)
+    secret = re.search(r"data-secret>(mfn_[^<]+)<", html).group(1)
     assert "/data/state/node-credential" in html and "--force-recreate" in html
     # the new credential works, the old one does not, and it is never shown again
     ok = console.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=factories.bearer(secret))
@@ -515,7 +515,7 @@ def test_wizard_reveals_the_token_once_and_stores_only_its_hash(app, console):
     assert response.status_code == 201
     assert response.headers["Cache-Control"] == "no-store"
     html = response.get_data(as_text=True)
-    token = re.search(r'data-secret>(mfe_[^<]+)<', html).group(1)
+    token = re.search(r"data-secret>(mfe_[^<]+)<", html).group(1)
     assert html.count(token) == 1  # only in the reveal: not in the .env, the command or a URL
     env_text = re.search(r'data-testid="env-file">(.*?)</pre>', html, re.S).group(1)
     assert "MODELFORGE_AGENT_CONTROL_PLANE_URL=http://localhost" in env_text
@@ -560,6 +560,93 @@ def test_wizard_refuses_bad_input_clearly_and_mints_nothing(app, console, fields
         assert db.session.scalar(sa.select(sa.func.count()).select_from(Enrollment)) == 0
 
 
+RELEASE_ENTRY = {
+    "tag": "modelforge-node-agent:1.3.0-rc.1",
+    "architecture": "amd64",
+    "os": "linux",
+    "rootfs_layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64],
+    "labels": {"org.opencontainers.image.version": "1.3.0-rc.1", "org.opencontainers.image.revision": "abc"},
+    "image_id": "sha256:" + "c" * 64,
+}
+PINNED = "registry.lan:5000/ml/modelforge-node-agent:1.3.0@sha256:" + "d" * 64
+
+
+def test_the_wizard_defaults_to_the_release_bundle_and_needs_its_manifest_entry(app, console):
+    form = console.get("/hardware/enroll").get_data(as_text=True)
+    assert re.search(r'<input checked id="image_source-0"[^>]*value="release"', form)
+    response = enroll_form(console, image_source="release")
+    assert response.status_code == 422
+    assert "Paste images.modelforge-node-agent" in response.get_data(as_text=True)
+    with app.app_context():
+        assert db.session.scalar(sa.select(sa.func.count()).select_from(Enrollment)) == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"image_source": "release", "release_entry": "{not json"}, "not JSON"),
+        ({"image_source": "release", "release_entry": json.dumps({**RELEASE_ENTRY, "tag": "x:1"})}, "must name the"),
+        (
+            {"image_source": "release", "release_entry": json.dumps({**RELEASE_ENTRY, "rootfs_layers": "a"})},
+            "rootfs_layers",
+        ),
+        ({"image_source": "digest", "pinned_reference": "registry.lan/modelforge-node-agent:1.3.0"}, "@sha256"),
+        ({"image_source": "digest", "pinned_reference": PINNED + "; rm -rf /"}, "Pin the image by digest"),
+        ({"image_source": "docker-hub"}, "Not a valid choice"),
+    ],
+)
+def test_a_bad_image_choice_is_refused_before_minting(app, console, fields, message):
+    response = enroll_form(console, **fields)
+    assert response.status_code == 422
+    assert message in response.get_data(as_text=True)
+    with app.app_context():
+        assert db.session.scalar(sa.select(sa.func.count()).select_from(Enrollment)) == 0
+
+
+def commands_of(html: str) -> dict[str, str]:
+    return {
+        name: unescape(re.search(rf'id="{name}"[^>]*>(.*?)</pre>', html, re.S).group(1))
+        for name in ("env-file", "start-command", "recreate-command", "start-command-again")
+        if f'id="{name}"' in html
+    }
+
+
+def test_a_release_image_is_checked_by_the_start_command_and_remembered(app, console):
+    pasted = json.dumps({"schema": "modelforge-release-manifest/1", "images": {"modelforge-node-agent": RELEASE_ENTRY}})
+    response = enroll_form(console, image_source="release", release_entry=pasted)
+    assert response.status_code == 201
+    reveal = commands_of(response.get_data(as_text=True))
+    assert "MODELFORGE_NODE_AGENT_IMAGE=modelforge-node-agent:1.3.0-rc.1\n" in reveal["env-file"]
+    start = reveal["start-command"]
+    assert "image=modelforge-node-agent:1.3.0-rc.1" in start
+    assert "sha256:" + "a" * 64 + " \\\n      sha256:" + "b" * 64 in start
+    assert "expect_image 'label org.opencontainers.image.revision' " in start
+    assert "c" * 64 not in start  # the build host's image ID is never compared
+    assert "up -d --no-build --pull never node-agent" in start
+    assert start.index("expect_image architecture") < start.index("read -rs")  # checked before the token
+    with app.app_context():
+        minted = db.session.scalar(sa.select(Enrollment))
+        assert minted.agent_image["kind"] == "release"
+        assert minted.agent_image["release"]["rootfs_layers"] == RELEASE_ENTRY["rootfs_layers"]
+        created = db.session.scalar(sa.select(AuditEvent).where(AuditEvent.action == "enrollment.created"))
+        assert created.details["agent_image"] == "modelforge-node-agent:1.3.0-rc.1"
+    progress = commands_of(console.get(f"/hardware/enrollments/{minted.id}").get_data(as_text=True))
+    assert progress["start-command-again"] == start  # the same commands at every step
+    assert "--force-recreate --no-build --pull never node-agent" in progress["recreate-command"]
+    assert "-u MODELFORGE_NODE_AGENT_IMAGE" in progress["recreate-command"]
+    api = console.get(f"/api/v1/admin/node-enrollments/{minted.id}", headers=ADMIN).get_json()
+    assert "agent_image" not in json.dumps(api)  # console metadata, not part of the API
+
+
+def test_a_pinned_image_goes_into_the_env_and_is_never_built(console):
+    response = enroll_form(console, image_source="digest", pinned_reference=f"  {PINNED} ")
+    assert response.status_code == 201
+    commands = commands_of(response.get_data(as_text=True))
+    assert f"MODELFORGE_NODE_AGENT_IMAGE={PINNED}\n" in commands["env-file"]
+    assert "up -d --no-build node-agent" in commands["start-command"]
+    assert "expect_image" not in commands["start-command"]
+
+
 def test_wizard_lists_unused_tokens_without_the_tokens(app, console):
     html = enroll_form(console, display_name="Unused one").get_data(as_text=True)
     token = re.search(r"data-secret>(mfe_[^<]+)<", html).group(1)
@@ -581,7 +668,7 @@ def test_wizard_without_csrf_mints_nothing(app, console):
 def test_readiness_panel_polls_until_the_exact_node_is_ready(console):
     html = enroll_form(console).get_data(as_text=True)
     enrollment_id = re.search(r'data-enrollment-id="([^"]+)"', html).group(1)
-    token = re.search(r'data-secret>(mfe_[^<]+)<', html).group(1)
+    token = re.search(r"data-secret>(mfe_[^<]+)<", html).group(1)
     panel_path = f"/hardware/enrollments/{enrollment_id}/readiness"
     step = console.get(f"/hardware/enrollments/{enrollment_id}", headers=HTMX).get_data(as_text=True)
     assert "<html" not in step and 'data-polling="true"' in step and 'hx-trigger="every 2s"' in step
@@ -606,7 +693,7 @@ def test_readiness_panel_polls_until_the_exact_node_is_ready(console):
 def test_revoke_unused_token_stops_the_panel(app, console):
     html = enroll_form(console).get_data(as_text=True)
     enrollment_id = re.search(r'data-enrollment-id="([^"]+)"', html).group(1)
-    token = re.search(r'data-secret>(mfe_[^<]+)<', html).group(1)
+    token = re.search(r"data-secret>(mfe_[^<]+)<", html).group(1)
     response = htmx_post(console, f"/hardware/enrollments/{enrollment_id}/revoke")
     body = response.get_data(as_text=True)
     assert response.status_code == 200 and "Token revoked" in body

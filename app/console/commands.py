@@ -70,6 +70,7 @@ def pinned_image(reference: str) -> ImageSource:
         raise ValueError("write the image as registry/path/name@sha256:<64 hex digits> (a tag before @ is optional)")
     return ImageSource("digest", reference)
 
+
 # Written without quotes: every .env reader takes these characters literally (no `$`, space, `#`,
 # quote or backslash), so URLs, image references and plain paths stay readable.
 _PLAIN_VALUE = re.compile(r"[A-Za-z0-9_./:@%+,=~-]*")
@@ -363,20 +364,31 @@ _REPLACE_CREDENTIAL = (
 )
 
 
+def _bash_literal(value: str) -> str:
+    """`value` as one Bash word that expands to exactly itself.
+
+    Plain single quotes where that reads well; a label holding `$` or a backquote is written as
+    $'...' with those characters as \\x escapes, so neither a reader nor shellcheck can take it for
+    an expansion (the manifest's values are printable, no control characters).
+    """
+    if "$" not in value and "`" not in value:
+        return shlex.quote(value)
+    escapes = {"\\": "\\\\", "'": "\\x27", "$": "\\x24", "`": "\\x60"}
+    return "$'" + "".join(escapes.get(char, char) for char in value) + "'"
+
+
 def _release_expectations(record: ImageRecord) -> str:
     """One `expect_image` line per fact the release manifest records about the image (D5)."""
     layers = " \\\n".join(f"      {layer}" for layer in record.rootfs_layers)
     lines = [
-        f"  expect_image architecture '{{{{.Architecture}}}}' {shlex.quote(record.architecture)}",
-        f"  expect_image os '{{{{.Os}}}}' {shlex.quote(record.os)}",
-        "  expect_image 'RootFS layers' '{{range .RootFS.Layers}}{{.}} {{end}}' \"$(printf '%s ' \\\n"
-        + layers
-        + ')"',
+        f"  expect_image architecture '{{{{.Architecture}}}}' {record.architecture}",  # [a-z0-9_]+
+        f"  expect_image os '{{{{.Os}}}}' {record.os}",
+        "  expect_image 'RootFS layers' '{{range .RootFS.Layers}}{{.}} {{end}}' \"$(printf '%s ' \\\n" + layers + ')"',
     ]
     for key, value in record.labels:
         # _LABEL_KEY keeps quotes and backslashes out of the key, so it sits safely in the template.
         template = shlex.quote(f'{{{{index .Config.Labels "{key}"}}}}')
-        lines.append(f"  expect_image {shlex.quote('label ' + key)} {template} {shlex.quote(value)}")
+        lines.append(f"  expect_image {shlex.quote('label ' + key)} {template} {_bash_literal(value)}")
     return "\n".join(lines) + "\n"
 
 
