@@ -253,8 +253,9 @@ def test_wizard_reveals_once_starts_a_real_agent_and_turns_ready_by_itself(page,
     assert started.returncode == 0, started.stderr
     assert token not in started.stdout + started.stderr
     (call,) = docker_calls(node_host["home"])
-    token_file = call["env_files"][1]
-    assert token_file["mode"] == "0o600" and token_file["keys"] == ["MODELFORGE_AGENT_ENROLLMENT_TOKEN"]
+    (token_file,) = call["env_files"]  # .env and the token in one file: any Compose v2 reads it
+    assert token_file["mode"] == "0o600" and "MODELFORGE_AGENT_ENROLLMENT_TOKEN" in token_file["keys"]
+    assert "MODELFORGE_AGENT_CONTROL_PLANE_URL" in token_file["keys"]
     assert not Path(token_file["path"]).exists()  # removed as soon as the command finished
 
     # "Check node readiness" takes the token out of the page, then the panel polls by itself.

@@ -197,26 +197,40 @@ def test_shellcheck_does_report_a_broken_snippet(tmp_path):
 
 @pytest.mark.parametrize("typed", [f"{TOKEN}\n", TOKEN, f"  {TOKEN} \r\n"], ids=["line", "no-newline", "padded"])
 def test_start_passes_the_token_in_a_private_temp_file_and_removes_it(node, typed):
-    """C4, P2: mode 0600, exactly one line, next to .env, gone afterwards, never printed."""
+    """C4, P2: mode 0600, .env then the token line, Compose's only env file, gone afterwards, never printed."""
     # A token still exported from an earlier attempt must not override the one just typed.
     result = node.run(start_command(), typed, MODELFORGE_AGENT_ENROLLMENT_TOKEN="mfe_stale")
     assert result.returncode == 0, output(result)
     [call] = node.calls()
-    env_path, token_path = (entry["path"] for entry in call["env_files"])
-    assert call["argv"] == [
-        "compose", "--env-file", ".env", "--env-file", token_path,
-        "-f", COMPOSE_FILE, "up", "-d", "node-agent",
-    ]  # fmt: skip
-    assert env_path == str(node.deploy / ".env")
-    token_file = call["env_files"][1]
+    [token_file] = call["env_files"]  # one --env-file: read by every Compose v2, not only 2.17+
+    token_path = token_file["path"]
+    assert call["argv"] == ["compose", "--env-file", token_path, "-f", COMPOSE_FILE, "up", "-d", "node-agent"]
     assert Path(token_path).parent == node.tmpdir
     assert token_file["mode"] == 0o600
-    assert token_file["content"] == f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n"
+    env_text = (node.deploy / ".env").read_text()
+    assert token_file["content"] == env_text + f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n"
+    settings = read_compose_dotenv(token_file["content"])
+    assert settings["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] == TOKEN
+    assert settings["MODELFORGE_AGENT_DISPLAY_NAME"] == "Bob's GPU box"  # .env's settings still count
     assert call["token_env"] is None
     assert not Path(token_path).exists()
     assert node.leftovers() == []
     assert_no_secrets(output(result), TOKEN)
     assert "starting node-agent" in result.stderr
+
+
+def test_a_token_left_in_env_loses_to_the_one_typed(node):
+    """The typed token is the env file's last line, and both Compose and python-dotenv take the last."""
+    env_path = node.deploy / ".env"
+    env_path.write_text(env_path.read_text() + "MODELFORGE_AGENT_ENROLLMENT_TOKEN=mfe_stale_from_env")  # no newline
+    assert node.run(start_command(), f"{TOKEN}\n").returncode == 0
+    content = node.calls()[0]["env_files"][0]["content"]
+    assert "MODELFORGE_AGENT_ENROLLMENT_TOKEN=mfe_stale_from_env\n" in content
+    assert content.endswith(f"\nMODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
+    assert read_compose_dotenv(content)["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] == TOKEN
+    path = node.root / "as-written.env"
+    path.write_text(content)
+    assert dotenv_values(path)["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] == TOKEN
 
 
 def test_start_records_the_nodes_own_host_name_once(node):
@@ -240,8 +254,8 @@ def test_start_removes_the_token_file_when_docker_fails(node):
     result = node.run(start_command(), f"{TOKEN}\n", behaviour="fail")
     assert result.returncode != 0
     [call] = node.calls()
-    assert call["env_files"][1]["content"] == f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n"
-    assert not Path(call["env_files"][1]["path"]).exists()
+    assert call["env_files"][0]["content"].endswith(f"\nMODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
+    assert not Path(call["env_files"][0]["path"]).exists()
     assert node.leftovers() == []
     assert "stopped after an error" in result.stderr
     assert_no_secrets(output(result), TOKEN)
@@ -266,7 +280,7 @@ def test_start_removes_the_token_file_on_a_signal(node, sig):
             process.stdin.write(f"{TOKEN}\n")
             process.stdin.close()
             wait_for(lambda: node.calls() != [], "the stand-in docker to start")
-            token_path = Path(node.calls()[0]["env_files"][1]["path"])
+            token_path = Path(node.calls()[0]["env_files"][0]["path"])
             assert token_path.exists()  # so it is the signal that removes it below
             os.killpg(process.pid, sig)
             returncode = process.wait(timeout=TIMEOUT)
@@ -336,7 +350,7 @@ def test_start_reads_the_token_without_echo_on_a_terminal(node):
     terminal.expect(PROMPT)
     terminal.type(f"{TOKEN}\r")  # Enter on a terminal
     assert terminal.finish() == 0, terminal.seen
-    assert node.calls()[0]["env_files"][1]["content"] == f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n"
+    assert node.calls()[0]["env_files"][0]["content"].endswith(f"\nMODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
     assert_no_secrets(terminal.seen.decode(errors="replace"), TOKEN)
 
 
@@ -374,7 +388,7 @@ def test_start_leaks_nothing_when_the_caller_traces(node):
     """C4: tracing on in the admin's shell (bash -x) is switched off before the token is read."""
     result = node.run(start_command(), f"{TOKEN}\n", "-x")
     assert result.returncode == 0, output(result)
-    assert node.calls()[0]["env_files"][1]["content"] == f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n"
+    assert node.calls()[0]["env_files"][0]["content"].endswith(f"\nMODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
     assert_no_secrets(output(result), TOKEN)
 
 

@@ -258,9 +258,11 @@ _RUNNING_IMAGE_CHECK = """\
 """
 
 # C4: the token goes from a hidden prompt into a mode-0600 temp file through the printf builtin,
-# so it is never echoed, traced, in the shell history or in any process's argv. Compose reads it
-# with a second --env-file (the later file wins) and bakes it into the container; the file is
-# gone when the subshell ends. The charset check also keeps the .env line parseable (P2).
+# so it is never echoed, traced, in the shell history or in any process's argv. The temp file is
+# .env followed by the token line, given to Compose as its only --env-file: every Compose v2 reads
+# one env file, while a second --env-file is honoured only from 2.17 on (earlier ones silently use
+# just the last). The file is gone when the subshell ends. The charset check also keeps the token
+# line parseable (P2).
 _START_HOSTNAME = """\
   # I4: inside the container the agent sees only the container's name, which changes on every
   # recreate; the node's own name goes into .env once, so duplicate identities stay visible.
@@ -280,10 +282,12 @@ _START_HOSTNAME = """\
 _START_WITH_TOKEN = """\
   secret_file=$(mktemp "${TMPDIR:-/tmp}/modelforge-enrol.XXXXXXXXXX")
   chmod 600 -- "$secret_file"
-  builtin printf 'MODELFORGE_AGENT_ENROLLMENT_TOKEN=%s\\n' "$token" >"$secret_file"
+  cat .env >"$secret_file"
+  if [[ -s .env && -n "$(tail -c 1 .env)" ]]; then echo >>"$secret_file"; fi
+  builtin printf 'MODELFORGE_AGENT_ENROLLMENT_TOKEN=%s\\n' "$token" >>"$secret_file"
   unset token MODELFORGE_AGENT_ENROLLMENT_TOKEN
   echo "modelforge: starting node-agent; the token is in a mode-0600 temp file, removed when this ends." >&2
-  docker compose --env-file .env --env-file "$secret_file" -f __COMPOSE__ up -d__UP_FLAGS__ node-agent
+  docker compose --env-file "$secret_file" -f __COMPOSE__ up -d__UP_FLAGS__ node-agent
 """
 
 _START_DONE = """\
