@@ -15,6 +15,10 @@ graceful_timeout = 5
 accesslog = "-"
 # Secrets travel only in bodies and headers, so the request line and status are safe to log.
 access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms'
+# Gunicorn would otherwise believe X-Forwarded-Proto and friends from 127.0.0.1 by itself. What a
+# proxy may tell us is decided in one place, MODELFORGE_TRUSTED_PROXY_HOPS (ProxyFix, app/__init__.py):
+# with its default 0, nothing forwarded is believed from anyone (C1, E3).
+forwarded_allow_ips = ""
 
 
 def post_fork(server, worker):

@@ -1,0 +1,193 @@
+"""Behind a real TLS-terminating nginx: MODELFORGE_TRUSTED_PROXY_HOPS=1 (C1, E3).
+
+nginx terminates HTTPS with a certificate from a private CA made here and forwards to the real
+gunicorn over plain HTTP, setting X-Forwarded-For/-Proto/-Host/-Port the way most installs do.
+With one trusted hop the control plane must see what the user sees: an https origin (so the
+session cookie is Secure and E3 records the proxy's origin), and the client's address as nginx
+saw it — not whatever the client wrote into its own X-Forwarded-For.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import requests
+import sqlalchemy as sa
+
+from tests import factories
+from tests.support import ADMIN, OPERATOR_KEY, GunicornServer, free_port
+from tests.tls_support import make_private_ca
+
+pytestmark = pytest.mark.e2e
+# Debian puts nginx in /usr/sbin, which a non-root PATH may lack.
+NGINX = shutil.which("nginx") or next((path for path in ["/usr/sbin/nginx"] if os.access(path, os.X_OK)), None)
+
+NGINX_CONF = """\
+{user}
+worker_processes 1;
+daemon off;
+pid {root}/nginx.pid;
+error_log {root}/error.log info;
+events {{ worker_connections 64; }}
+http {{
+    access_log {root}/access.log;
+    client_body_temp_path {root}/body;
+    proxy_temp_path {root}/proxy;
+    fastcgi_temp_path {root}/fastcgi;
+    uwsgi_temp_path {root}/uwsgi;
+    scgi_temp_path {root}/scgi;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {certificate};
+        ssl_certificate_key {key};
+        location / {{
+            proxy_pass http://127.0.0.1:{upstream};
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Host $host;
+            proxy_set_header X-Forwarded-Port $server_port;
+        }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    """nginx in the foreground with its own prefix, so nothing of the host's configuration is used."""
+
+    def __init__(self, root, upstream_port: int) -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        certificate, key, self.ca = make_private_ca(root)
+        root.joinpath("nginx.conf").write_text(
+            NGINX_CONF.format(
+                user="user root;" if os.geteuid() == 0 else "",  # workers must read the test's files
+                root=root,
+                port=self.port,
+                upstream=upstream_port,
+                certificate=certificate,
+                key=key,
+            )
+        )
+        self.process = subprocess.Popen(
+            [NGINX, "-p", str(root), "-e", str(root / "error.log"), "-c", str(root / "nginx.conf")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, (root / "error.log").read_text()
+            try:
+                if requests.get(self.url + "/healthz", verify=str(self.ca), timeout=1).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        raise RuntimeError(f"nginx did not answer:\n{(root / 'error.log').read_text()}")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGQUIT)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def proxied(sqlite_template, tmp_path, request):
+    """gunicorn on plain HTTP trusting `hops` proxies (default 1), and nginx in front of it over HTTPS."""
+    if NGINX is None:
+        pytest.skip("nginx is not installed")
+    database = tmp_path / "proxied.sqlite3"
+    shutil.copyfile(sqlite_template, database)
+    hops = str(getattr(request, "param", 1))
+    server = GunicornServer(f"sqlite:///{database}", tmp_path, workers=2, MODELFORGE_TRUSTED_PROXY_HOPS=hops)
+    server.start()
+    (tmp_path / "nginx").mkdir()
+    nginx = Nginx(tmp_path / "nginx", server.port)
+    yield server, nginx
+    nginx.stop()
+    server.stop()
+
+
+def csrf_token(html: str) -> str:
+    return re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', html).group(1)
+
+
+def sign_in(session: requests.Session, base: str, key: str, ca) -> requests.Response:
+    form = session.get(base + "/login", verify=ca)
+    return session.post(
+        base + "/login",
+        data={"csrf_token": csrf_token(form.text), "operator_key": key},
+        headers={"Referer": base + "/login"},
+        allow_redirects=False,
+        verify=ca,
+    )
+
+
+def test_through_the_proxy_the_session_is_secure_and_enrolments_get_its_origin(proxied):
+    server, nginx = proxied
+    # requests prefers REQUESTS_CA_BUNDLE over Session.verify, so every call names the test's CA.
+    ca = str(nginx.ca)
+    browser = requests.Session()
+    assert browser.get(nginx.url + "/", verify=ca, allow_redirects=False).headers["Location"] == "/login?next=/"
+    signed_in = sign_in(browser, nginx.url, OPERATOR_KEY, ca)
+    assert signed_in.status_code == 302, signed_in.text
+    cookie = signed_in.headers["Set-Cookie"]
+    assert "modelforge_session=" in cookie and "Secure" in cookie and "HttpOnly" in cookie
+    # The wizard shows, and records, the origin the user reached: the proxy's https one (E3).
+    wizard = browser.get(nginx.url + "/hardware/enroll", verify=ca)
+    assert f'data-testid="api-origin">{nginx.url}<' in wizard.text
+    minted = requests.post(
+        nginx.url + "/api/v1/admin/node-enrollments",
+        json={"display_name": "Behind nginx", "expires_in_seconds": 900},
+        headers=ADMIN,
+        verify=ca,
+        timeout=10,
+    ).json()
+    assert minted["api_origin"] == nginx.url
+    # An agent told the backend's own address is refused; told the proxy's, it enrols through it.
+    body = factories.enroll_body(minted["token"], hostname="proxied-node")
+    direct = requests.post(server.url + "/api/v1/agent/enroll", json={**body, "control_plane_url": server.url})
+    assert direct.status_code == 409 and direct.json()["error"]["code"] == "API_ORIGIN_MISMATCH"
+    claimed = requests.post(
+        nginx.url + "/api/v1/agent/enroll", json={**body, "control_plane_url": nginx.url}, verify=ca
+    )
+    assert claimed.status_code == 201, claimed.text
+
+
+def test_the_login_limit_counts_the_address_nginx_saw_not_a_forged_one(proxied):
+    server, nginx = proxied
+    forger = requests.Session()
+    forger.headers["X-Forwarded-For"] = "203.0.113.77"  # nginx appends the real peer after it
+    assert sign_in(forger, nginx.url, "not-the-key" * 4, str(nginx.ca)).status_code == 401
+    engine = sa.create_engine(server.env["MODELFORGE_DATABASE_URL"])
+    with engine.connect() as connection:
+        details = connection.execute(
+            sa.text("SELECT details FROM audit_events WHERE action = 'console.login_failed'")
+        ).scalar_one()
+    engine.dispose()
+    assert '"remote_addr": "127.0.0.1"' in details and "203.0.113.77" not in details
+    # nginx's own log shows the request came from 127.0.0.1 with the forged header beside it.
+    assert "127.0.0.1" in (nginx.root / "access.log").read_text()
+
+
+@pytest.mark.parametrize("proxied", [0], indirect=True)
+def test_with_no_trusted_hop_nothing_the_proxy_forwards_is_believed(proxied):
+    """Not by ModelForge, and not by gunicorn either (it would trust 127.0.0.1's X-Forwarded-Proto)."""
+    server, nginx = proxied
+    ca = str(nginx.ca)
+    browser = requests.Session()
+    signed_in = sign_in(browser, nginx.url, OPERATOR_KEY, ca)
+    assert signed_in.status_code == 302, signed_in.text
+    assert "Secure" not in signed_in.headers["Set-Cookie"]  # the backend saw plain HTTP
+    wizard = browser.get(nginx.url + "/hardware/enroll", verify=ca)
+    assert 'data-testid="api-origin">http://127.0.0.1<' in wizard.text  # nginx's Host, not its origin
