@@ -1,11 +1,13 @@
-"""Server time of the console's nodes page at 1,000 nodes (target ≤ 150 ms), and the node page.
+"""Server time of the console's nodes page at 1,000 nodes (target ≤ 150 ms), the node page and the audit log.
 
 Seeds 1,000 nodes (a third online, stale, offline; one to eight GPUs each; two pairs sharing a
 hostname), signs in through the real login form, then times the full nodes page, its htmx
-fragment, one node page (8 GPUs, a day of 15 s samples) and /healthz in the same process: the
-time from the request entering the WSGI app to the last byte of the body.
+fragment, one node page (8 GPUs, a day of 15 s samples), the audit log over 200,000 events and
+/healthz in the same process: the time from the request entering the WSGI app to the last byte of
+the body.
 
-    .venv/bin/python bench/console.py [--nodes 1000] [--requests 40] [--postgres-url postgresql+psycopg://…/db]
+    .venv/bin/python bench/console.py [--nodes 1000] [--audit-events 200000] [--requests 40] \
+        [--postgres-url postgresql+psycopg://…/db]
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from app import create_app  # noqa: E402
 from app.extensions import db  # noqa: E402
-from app.models import Gpu, Node, NodeInventory, NodeLease, TelemetrySample  # noqa: E402
+from app.models import AuditEvent, Gpu, Node, NodeInventory, NodeLease, TelemetrySample  # noqa: E402
 from app.timeutil import utcnow  # noqa: E402
 from tests.support import OPERATOR_KEY, app_env, migrate, truncate_all  # noqa: E402
 
@@ -107,6 +109,28 @@ def seed(count: int) -> str:
     return busy_node
 
 
+AUDIT_ACTIONS = ("node.online", "node.stale", "node.offline", "node.returned", "node.inventory_changed")
+
+
+def seed_audit(count: int) -> None:
+    """`count` audit events over the last 30 days, spread over the nodes and five actions."""
+    now = utcnow()
+    node_ids = list(db.session.scalars(sa.select(Node.id)))
+    rows = [
+        {
+            "at": now - timedelta(seconds=(count - index) * 13),
+            "actor": "system",
+            "action": AUDIT_ACTIONS[index % len(AUDIT_ACTIONS)],
+            "node_id": node_ids[index % len(node_ids)],
+            "details": {"heartbeat_age_seconds": index % 600},
+        }
+        for index in range(count)
+    ]
+    for start in range(0, count, 20_000):
+        db.session.execute(sa.insert(AuditEvent), rows[start : start + 20_000])
+    db.session.commit()
+
+
 def timed(client, path: str, requests: int, headers: dict[str, str] | None = None) -> list[float]:
     """Milliseconds per request, body fully read, after two warm-up requests."""
     for _ in range(2):
@@ -129,14 +153,19 @@ def report(label: str, times: list[float], baseline: float | None = None) -> flo
     return median
 
 
-def run(database_url: str, instance: Path, count: int, requests: int) -> None:
+def run(database_url: str, instance: Path, count: int, requests: int, audit_events: int) -> None:
     app = create_app(app_env(database_url, instance))
     with app.app_context():
         if database_url.startswith("postgresql"):
             truncate_all(database_url)
         started = time.perf_counter()
         busy_node = seed(count)
-        print(f"  seeded {count} nodes and a day of samples for 8 GPUs in {time.perf_counter() - started:.1f} s")
+        seed_audit(audit_events)
+        if database_url.startswith("postgresql"):
+            db.session.execute(sa.text("ANALYZE"))
+            db.session.commit()
+        print(f"  seeded {count} nodes, a day of samples for 8 GPUs and {audit_events} audit events"
+              f" in {time.perf_counter() - started:.1f} s")
     client = app.test_client()
     login = client.get("/login").get_data(as_text=True)
     csrf = re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', login).group(1)
@@ -148,6 +177,8 @@ def run(database_url: str, instance: Path, count: int, requests: int) -> None:
     report("node page, 8 GPUs, hour charts", timed(client, f"/hardware/nodes/{busy_node}", requests), healthz)
     report("day charts fragment, 8 GPUs", timed(client, f"/hardware/nodes/{busy_node}/charts?window=day",
                                                 requests, {"HX-Request": "true"}), healthz)
+    report(f"audit log, {audit_events} events", timed(client, "/audit", requests), healthz)
+    report("audit log, one action", timed(client, "/audit?action=node.offline", requests), healthz)
     size = len(client.get("/hardware/nodes").get_data())
     print(f"  nodes page body {size / 1024:.0f} KiB; target ≤ 150 ms: {'met' if page <= 150 else 'NOT met'}")
     with app.app_context():
@@ -158,6 +189,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--audit-events", type=int, default=200_000)
     parser.add_argument("--postgres-url", help="also run against this (emptied!) PostgreSQL database")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
@@ -165,11 +197,11 @@ def main() -> int:
         url = f"sqlite:///{instance / 'bench.sqlite3'}"
         migrate(url, instance)
         print("SQLite")
-        run(url, instance, args.nodes, args.requests)
+        run(url, instance, args.nodes, args.requests, args.audit_events)
         if args.postgres_url:
             migrate(args.postgres_url, instance)
             print("PostgreSQL")
-            run(args.postgres_url, instance, args.nodes, args.requests)
+            run(args.postgres_url, instance, args.nodes, args.requests, args.audit_events)
     return 0
 
 

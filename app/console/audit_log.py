@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 from flask import request
 
+from app import audit
 from app.console import bp, page_or_partial
 from app.console.auth import login_required
 from app.db import begin_read_only
@@ -83,7 +84,7 @@ def audit_log():
     has_more = len(events) > PAGE_SIZE
     events = events[:PAGE_SIZE]
     node_names = dict(db.session.execute(sa.select(Node.id, Node.display_name).order_by(Node.display_name)).all())
-    actions = list(db.session.scalars(sa.select(AuditEvent.action).distinct().order_by(AuditEvent.action)))
+    actions = audit.distinct_actions()
     return page_or_partial(
         "audit.html",
         "partials/_audit_table.html",
