@@ -3,16 +3,20 @@
 A tiny image (`FROM scratch`, two layers, OCI labels, one label full of shell syntax) is built
 with podman. `deploy/release_manifest.py` runs under the system Python (no Flask) to write its
 manifest and SHA256SUMS; the wizard's start command is run in Bash with a stand-in `docker` whose
-`image inspect` is podman's own, so every Go template in the command is read by a real engine.
+`image inspect` and `inspect` are a real CLI's, so every Go template in the command is evaluated by
+a real engine: podman's own CLI, and the real Docker CLI talking to podman's Docker-compatible API
+(Docker's template engine over Docker-shaped JSON; no Docker daemon can run here).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,7 @@ from tests.support import PROJECT_ROOT
 
 VERSION = "9.9.9-test"
 TAG = f"{NODE_AGENT}:{VERSION}"
+OTHER = "modelforge-other-image:1"
 TOKEN = "mfe_" + "r" * 43
 HOSTILE = 'it\'s $(touch pwned) `id` "q" end'
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -37,28 +42,30 @@ LABEL org.opencontainers.image.title="{NODE_AGENT}" org.opencontainers.image.ver
       org.example.hostile="it's \\$(touch pwned) `id` \\"q\\" end"
 """
 
-# `image inspect` is podman's; compose is recorded; the container "runs" the image that the
-# environment names, unless FAKE_RUNNING_IMAGE says otherwise.
+# `image inspect` and `inspect` go to a real engine's CLI: podman's own, or the Docker CLI talking
+# to podman's Docker-compatible API (so Docker's template engine reads Docker-shaped JSON). Compose
+# is recorded; its `up` creates a real container from the image the environment names (or from
+# FAKE_RUNNING_IMAGE), and `ps -q` names that container.
 FAKE_DOCKER = """\
 import json, os, subprocess, sys
 
+engine = os.environ["FAKE_DOCKER_ENGINE"].split()
 args = sys.argv[1:]
-if args[:2] == ["image", "inspect"]:
-    os.execvp("podman", ["podman", *args])
+if args[:2] == ["image", "inspect"] or args[0] == "inspect":
+    os.execvp(engine[0], [*engine, *args])
 state = os.environ["FAKE_DOCKER_STATE"]
 with open(os.path.join(state, "calls.jsonl"), "a", encoding="utf-8") as log:
     log.write(json.dumps({"argv": args, "image_env": os.environ.get("MODELFORGE_NODE_AGENT_IMAGE")}) + "\\n")
-if args[0] == "inspect":
-    print(open(os.path.join(state, "running-image"), encoding="utf-8").read())
-elif args[0] == "compose" and "up" in args:
-    image = os.environ["MODELFORGE_NODE_AGENT_IMAGE"]
-    found = subprocess.run(["podman", "image", "inspect", "--format", "{{.Id}}", image],
-                           capture_output=True, text=True, check=True).stdout.strip()
-    with open(os.path.join(state, "running-image"), "w", encoding="utf-8") as running:
-        running.write(os.environ.get("FAKE_RUNNING_IMAGE") or found)
+if args[0] == "compose" and "up" in args:
+    image = os.environ.get("FAKE_RUNNING_IMAGE") or os.environ["MODELFORGE_NODE_AGENT_IMAGE"]
+    created = subprocess.run([*engine, "create", image, "/hello"], capture_output=True, text=True, check=True)
+    with open(os.path.join(state, "container"), "w", encoding="utf-8") as container:
+        container.write(created.stdout.strip())
 elif args[0] == "compose" and "ps" in args:
-    print("4f3c0ffee")
+    print(open(os.path.join(state, "container"), encoding="utf-8").read())
 """
+
+ENGINES = ["podman", "docker"]
 
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -74,7 +81,13 @@ def release(tmp_path_factory):
     (context / "hello").write_text("hello\n")
     (context / "second").write_text("second layer\n")
     (context / "Containerfile").write_text(CONTAINERFILE)
-    podman("build", "-q", "-t", TAG, str(context))
+    # Docker (and podman's Docker API) finds a short name under docker.io/library, where
+    # `docker image load` puts it; podman's own CLI finds it under localhost.
+    podman("build", "-q", "-t", TAG, "-t", f"docker.io/library/{TAG}", str(context))
+    (context / "third").write_text("another image\n")
+    (context / "Containerfile").write_text(CONTAINERFILE + "COPY third /third\n")
+    podman("build", "-q", "-t", OTHER, "-t", f"docker.io/library/{OTHER}", str(context))
+    (context / "Containerfile").write_text(CONTAINERFILE)
     out = tmp_path_factory.mktemp("release")
     built = subprocess.run(
         [SYSTEM_PYTHON, "deploy/release_manifest.py", "--engine", "podman", "build", "--version", VERSION,
@@ -83,7 +96,38 @@ def release(tmp_path_factory):
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
     yield out
-    podman("rmi", "-f", TAG, check=False)
+    podman("rm", "-a", "-f", check=False)
+    podman("rmi", "-f", TAG, f"docker.io/library/{TAG}", OTHER, f"docker.io/library/{OTHER}", check=False)
+
+
+@pytest.fixture(scope="module")
+def docker_api(tmp_path_factory):
+    """podman's Docker-compatible API on a private socket, for the real Docker CLI to talk to."""
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no Docker CLI here")
+    socket = tmp_path_factory.mktemp("docker-api") / "podman.sock"
+    service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    environment = {**os.environ, "DOCKER_HOST": f"unix://{socket}"}
+    deadline = time.monotonic() + 30
+    while subprocess.run([docker, "version"], env=environment, capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline and service.poll() is None, "podman's Docker API did not come up"
+        time.sleep(0.2)
+    yield docker, environment["DOCKER_HOST"]
+    service.terminate()
+    service.wait(timeout=10)
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request, release) -> dict[str, str]:
+    """What the stand-in's `docker image inspect` really runs: podman's CLI, or Docker's."""
+    if request.param == "podman":
+        return {"FAKE_DOCKER_ENGINE": "podman"}
+    docker, host = request.getfixturevalue("docker_api")
+    for tag in (TAG, OTHER):  # a test that loads the bundle again may have dropped this name
+        podman("tag", tag, f"docker.io/library/{tag}", check=False)
+    return {"FAKE_DOCKER_ENGINE": docker, "DOCKER_HOST": host}
 
 
 def entry(release: Path) -> dict:
@@ -203,7 +247,8 @@ def test_a_bad_entry_is_refused_with_the_reason(pasted, message):
 class ReleaseNode:
     """deploy/ with the wizard's .env for the release image, a stand-in docker over real podman."""
 
-    def __init__(self, root: Path, record) -> None:
+    def __init__(self, root: Path, record, engine: dict[str, str]) -> None:
+        self.engine = engine
         self.deploy, self.bin, self.state, self.tmp = (root / name for name in ("deploy", "bin", "state", "tmp"))
         for directory in (self.deploy, self.bin, self.state, self.tmp):
             directory.mkdir()
@@ -221,6 +266,7 @@ class ReleaseNode:
             "TMPDIR": str(self.tmp),
             "LANG": "C.UTF-8",
             "FAKE_DOCKER_STATE": str(self.state),
+            **self.engine,
             **extra,
         }
         return subprocess.run(["bash", "-c", snippet], input=TOKEN + "\n", capture_output=True, text=True,
@@ -231,14 +277,14 @@ class ReleaseNode:
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_the_start_command_starts_the_checked_release_image(release, tmp_path):
-    node = ReleaseNode(tmp_path, record_from_json(entry(release)))
+def test_the_start_command_starts_the_checked_release_image(release, engine, tmp_path):
+    node = ReleaseNode(tmp_path, record_from_json(entry(release)), engine)
     result = node.run(start_command(node.source))
     assert result.returncode == 0, result.stderr
-    up, ps, inspect = node.calls()
+    up, ps = node.calls()
     assert up["argv"][-5:] == ["-d", "--no-build", "--pull", "never", "node-agent"]
     assert up["image_env"] == TAG  # set explicitly, whatever the shell had exported
-    assert ps["argv"][-3:] == ["ps", "-q", "node-agent"] and inspect["argv"][-1] == "4f3c0ffee"
+    assert ps["argv"][-3:] == ["ps", "-q", "node-agent"]
     assert list(node.tmp.iterdir()) == []
     assert not (node.deploy / "pwned").exists() and TOKEN not in result.stdout + result.stderr
 
@@ -271,8 +317,8 @@ def tampered(record: dict, change: str) -> dict:
         ("not loaded", "there is no image modelforge-node-agent:9.9.9-missing on this node"),
     ],
 )
-def test_the_start_command_refuses_an_image_that_is_not_the_release(release, tmp_path, change, said):
-    node = ReleaseNode(tmp_path, record_from_json(tampered(entry(release), change)))
+def test_the_start_command_refuses_an_image_that_is_not_the_release(release, engine, tmp_path, change, said):
+    node = ReleaseNode(tmp_path, record_from_json(tampered(entry(release), change)), engine)
     result = node.run(start_command(node.source))
     assert result.returncode == 1
     assert said in result.stderr
@@ -280,9 +326,9 @@ def test_the_start_command_refuses_an_image_that_is_not_the_release(release, tmp
     assert "Paste the one-time" not in result.stderr and list(node.tmp.iterdir()) == []
 
 
-def test_a_container_that_runs_another_image_is_stopped(release, tmp_path):
-    node = ReleaseNode(tmp_path, record_from_json(entry(release)))
-    result = node.run(start_command(node.source), FAKE_RUNNING_IMAGE="sha256:" + "e" * 64)
+def test_a_container_that_runs_another_image_is_stopped(release, engine, tmp_path):
+    node = ReleaseNode(tmp_path, record_from_json(entry(release)), engine)
+    result = node.run(start_command(node.source), FAKE_RUNNING_IMAGE=OTHER)
     assert result.returncode == 1
     assert "not the checked" in result.stderr
     assert node.calls()[-1]["argv"][-2:] == ["stop", "node-agent"]
@@ -310,3 +356,10 @@ def test_a_label_value_reaches_bash_exactly_as_written(value):
 
     printed = subprocess.run(["bash", "-c", f"printf '%s' {_bash_literal(value)}"], capture_output=True, timeout=10)
     assert printed.stdout.decode() == value
+
+
+def test_the_two_engines_really_are_two_clis(release, engine, tmp_path):
+    """Docker's CLI writes image IDs with their `sha256:` prefix, podman's without: both run here."""
+    node = ReleaseNode(tmp_path, record_from_json(entry(release)), engine)
+    shown = node.run(f"docker image inspect --format '{{{{.Id}}}}' {TAG}").stdout.strip()
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}" if "DOCKER_HOST" in engine else r"[0-9a-f]{64}", shown), shown
