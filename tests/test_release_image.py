@@ -363,3 +363,16 @@ def test_the_two_engines_really_are_two_clis(release, engine, tmp_path):
     node = ReleaseNode(tmp_path, record_from_json(entry(release)), engine)
     shown = node.run(f"docker image inspect --format '{{{{.Id}}}}' {TAG}").stdout.strip()
     assert re.fullmatch(r"sha256:[0-9a-f]{64}" if "DOCKER_HOST" in engine else r"[0-9a-f]{64}", shown), shown
+
+
+def test_the_manifest_tool_verifies_through_the_docker_cli(release, docker_api):
+    """`verify` reads `docker image inspect` JSON as Docker writes it, not only podman's."""
+    docker, host = docker_api
+    podman("tag", TAG, f"docker.io/library/{TAG}", check=False)
+    checked = subprocess.run(
+        [SYSTEM_PYTHON, str(PROJECT_ROOT / "deploy/release_manifest.py"), "--engine", docker, "verify",
+         "--manifest", str(release / "manifest.json")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "DOCKER_HOST": host},
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert "matches" in checked.stdout
