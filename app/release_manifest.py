@@ -43,6 +43,11 @@ _ARCHITECTURE = re.compile(r"[a-z0-9_]{1,32}")
 _LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
 MAX_LABEL_VALUE = 1024
 MAX_LAYERS = 256
+MAX_CONFIG_ITEMS = 256
+# What the image runs, and as whom: a `FROM <release>` image can change any of these without adding
+# a layer or losing a label, so the manifest records them and the node compares them (D5).
+CONFIG_LISTS = ("entrypoint", "cmd", "env", "volumes", "exposed_ports")
+CONFIG_STRINGS = ("user", "working_dir")
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,11 @@ class ImageRecord:
     os: str
     rootfs_layers: tuple[str, ...]
     labels: tuple[tuple[str, str], ...]  # sorted (key, value) pairs
+    config: tuple[tuple[str, object], ...] = ()  # CONFIG_LISTS as tuples, CONFIG_STRINGS as str
     image_id: str | None = None  # the build host's; informational only
+
+    def setting(self, name: str):
+        return dict(self.config)[name]
 
     @property
     def name(self) -> str:
@@ -71,6 +80,7 @@ class ImageRecord:
             "os": self.os,
             "rootfs_layers": list(self.rootfs_layers),
             "labels": dict(self.labels),
+            "config": {name: list(value) if isinstance(value, tuple) else value for name, value in self.config},
         }
         if self.image_id:
             entry["image_id"] = self.image_id
@@ -78,7 +88,30 @@ class ImageRecord:
 
 
 def _printable(text: str) -> bool:
-    return not any(ord(char) < 32 or ord(char) == 127 for char in text)
+    # str.isprintable also refuses C1 controls, line and paragraph separators, bidirectional
+    # overrides and lone surrogates, none of which can be written back exactly on a node.
+    return text.isprintable()
+
+
+def _config(entry: dict) -> tuple[tuple[str, object], ...]:
+    config = entry.get("config")
+    if not isinstance(config, dict):
+        raise ValueError('"config" must be an object with the image\'s entrypoint, cmd, env, user, working_dir,'
+                         " volumes and exposed_ports (deploy/release_manifest.py writes it)")  # fmt: skip
+    checked: dict[str, object] = {}
+    for name in CONFIG_LISTS:
+        value = config.get(name)
+        if not isinstance(value, list) or len(value) > MAX_CONFIG_ITEMS:
+            raise ValueError(f'"config.{name}" must be a list (empty when the image sets none)')
+        if not all(isinstance(item, str) and len(item) <= 4096 and _printable(item) for item in value):
+            raise ValueError(f'every entry of "config.{name}" must be printable text')
+        checked[name] = tuple(sorted(value) if name in ("volumes", "exposed_ports") else value)
+    for name in CONFIG_STRINGS:
+        value = config.get(name)
+        if not isinstance(value, str) or len(value) > 4096 or not _printable(value):
+            raise ValueError(f'"config.{name}" must be printable text (empty when the image sets none)')
+        checked[name] = value
+    return tuple(checked.items())
 
 
 def record_from_json(entry: object, name: str = NODE_AGENT) -> ImageRecord:
@@ -110,8 +143,9 @@ def record_from_json(entry: object, name: str = NODE_AGENT) -> ImageRecord:
     for key, value in labels.items():
         if not _LABEL_KEY.fullmatch(key):
             raise ValueError(f"label name {key[:80]!r} is not a plain label name")
-        if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE or not _printable(value):
-            raise ValueError(f"label {key!r} must be up to {MAX_LABEL_VALUE} printable characters")
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_LABEL_VALUE or not _printable(value):
+            # Never empty: a node's Go template prints "" for a missing label too.
+            raise ValueError(f"label {key!r} must be 1 to {MAX_LABEL_VALUE} printable characters")
     image_id = entry.get("image_id")
     if image_id is not None and (not isinstance(image_id, str) or not _DIGEST.fullmatch(image_id)):
         raise ValueError('"image_id", when present, must be a digest like "sha256:<64 hex digits>"')
@@ -121,6 +155,7 @@ def record_from_json(entry: object, name: str = NODE_AGENT) -> ImageRecord:
         os=system,
         rootfs_layers=tuple(layers),
         labels=tuple(sorted(labels.items())),
+        config=_config(entry),
         image_id=image_id,
     )
 
@@ -133,6 +168,8 @@ def parse_pasted(text: str, name: str = NODE_AGENT) -> ImageRecord:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"not JSON ({error.msg} at line {error.lineno}, column {error.colno})") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to be a manifest") from None
     if isinstance(document, dict) and "images" in document:
         images = document["images"]
         if not isinstance(images, dict) or name not in images:
@@ -149,7 +186,17 @@ def record_from_inspect(inspected: dict, tag: str) -> ImageRecord:
         "architecture": inspected.get("Architecture"),
         "os": inspected.get("Os", "linux"),
         "rootfs_layers": (inspected.get("RootFS") or {}).get("Layers"),
-        "labels": config.get("Labels") or {},
+        # An empty label cannot be told from a missing one on the node, so it is not recorded.
+        "labels": {key: value for key, value in (config.get("Labels") or {}).items() if value},
+        "config": {
+            "entrypoint": config.get("Entrypoint") or [],
+            "cmd": config.get("Cmd") or [],
+            "env": config.get("Env") or [],
+            "volumes": sorted(config.get("Volumes") or {}),
+            "exposed_ports": sorted(config.get("ExposedPorts") or {}),
+            "user": config.get("User") or "",
+            "working_dir": config.get("WorkingDir") or "",
+        },
         "image_id": _image_id(inspected.get("Id", "")),
     }
     return record_from_json(entry, tag.rsplit(":", 1)[0])
@@ -166,6 +213,9 @@ def differences(expected: ImageRecord, actual: ImageRecord) -> list[str]:
     for what in ("tag", "architecture", "os", "rootfs_layers"):
         if getattr(expected, what) != getattr(actual, what):
             problems.append(f"{what}: expected {getattr(expected, what)!r}, found {getattr(actual, what)!r}")
+    for name, value in expected.config:
+        if actual.setting(name) != value:
+            problems.append(f"config.{name}: expected {value!r}, found {actual.setting(name)!r}")
     found = dict(actual.labels)
     for key, value in expected.labels:
         if found.get(key) != value:
@@ -202,9 +252,16 @@ def build(engine: str, version: str, out: Path, tags: list[str]) -> Path:
             raise ValueError(f"{record.tag} is not tagged {version}")
     out.mkdir(parents=True, exist_ok=True)
     bundle = out / f"modelforge-{version}-images.tar"
-    # podman writes several images into one docker-archive only when asked; docker always does.
-    several = ["--multi-image-archive"] if Path(engine).name == "podman" and len(tags) > 1 else []
-    subprocess.run([engine, "image", "save", *several, "-o", str(bundle), *tags], check=True, capture_output=True)
+    names, several = list(tags), []
+    if Path(engine).name == "podman":
+        # podman would record a short name as localhost/<name>, which Docker then loads under that
+        # name; saved as docker.io/library/<name>, Docker loads it as plain <name>:<version>.
+        names = [tag if "/" in tag else f"docker.io/library/{tag}" for tag in tags]
+        for tag, name in zip(tags, names, strict=True):
+            subprocess.run([engine, "tag", tag, name], check=True, capture_output=True)
+        # podman writes several images into one docker-archive only when asked; docker always does.
+        several = ["--multi-image-archive"] if len(tags) > 1 else []
+    subprocess.run([engine, "image", "save", *several, "-o", str(bundle), *names], check=True, capture_output=True)
     manifest = out / MANIFEST_NAME
     document = {
         "schema": SCHEMA,

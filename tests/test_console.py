@@ -566,6 +566,8 @@ RELEASE_ENTRY = {
     "os": "linux",
     "rootfs_layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64],
     "labels": {"org.opencontainers.image.version": "1.3.0-rc.1", "org.opencontainers.image.revision": "abc"},
+    "config": {"entrypoint": ["/usr/bin/python3", "-m", "modelforge_node_agent"], "cmd": [], "env": [],
+               "volumes": [], "exposed_ports": [], "user": "65532", "working_dir": ""},
     "image_id": "sha256:" + "c" * 64,
 }
 PINNED = "registry.lan:5000/ml/modelforge-node-agent:1.3.0@sha256:" + "d" * 64
@@ -622,7 +624,8 @@ def test_a_release_image_is_checked_by_the_start_command_and_remembered(app, con
     assert "sha256:" + "a" * 64 + " \\\n      sha256:" + "b" * 64 in start
     assert "expect_image 'label org.opencontainers.image.revision' " in start
     assert "c" * 64 not in start  # the build host's image ID is never compared
-    assert "up -d --no-build --pull never node-agent" in start
+    assert "up --no-start --no-build --pull never node-agent" in start
+    assert "expect_image 'config entrypoint'" in start and "expect_image 'config user'" in start
     assert start.index("expect_image architecture") < start.index("read -rs")  # checked before the token
     with app.app_context():
         minted = db.session.scalar(sa.select(Enrollment))
@@ -644,6 +647,7 @@ def test_a_pinned_image_goes_into_the_env_and_is_never_built(console):
     commands = commands_of(response.get_data(as_text=True))
     assert f"MODELFORGE_NODE_AGENT_IMAGE={PINNED}\n" in commands["env-file"]
     assert "up -d --no-build node-agent" in commands["start-command"]
+    assert "unset MODELFORGE_NODE_AGENT_IMAGE" in commands["start-command"]  # .env's pin wins over the shell
     assert "expect_image" not in commands["start-command"]
 
 

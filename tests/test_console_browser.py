@@ -339,13 +339,15 @@ def test_the_release_bundle_is_the_default_and_its_manifest_entry_is_checked(pag
         "architecture": "amd64",
         "rootfs_layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64],
         "labels": {"org.opencontainers.image.version": "1.3.0-rc.1"},
+        "config": {"entrypoint": ["/usr/bin/python3"], "cmd": [], "env": [], "volumes": [], "exposed_ports": [],
+                   "user": "65532", "working_dir": ""},
     }
     page.fill("#release_entry", json.dumps({"images": {"modelforge-node-agent": entry}}, indent=2))
     page.click("button:has-text('Create one-time token')")
     token = revealed_secret(page, "#enrollment-token", "mfe_")
     expect(page.locator("#env-file")).to_contain_text("MODELFORGE_NODE_AGENT_IMAGE=modelforge-node-agent:1.3.0-rc.1")
     expect(page.locator("#start-command")).to_contain_text("expect_image 'RootFS layers'")
-    expect(page.locator("#start-command")).to_contain_text("--no-build --pull never")
+    expect(page.locator("#start-command")).to_contain_text("up --no-start --no-build --pull never")
     page.steps.shot("release-reveal")
     page.click("button:has-text('Check node readiness')")
     expect(page.locator("#recreate-command")).to_contain_text("--force-recreate --no-build --pull never")

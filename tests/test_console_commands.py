@@ -328,6 +328,19 @@ class Terminal:
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
 
+    def type_until_shown(self, text: str, shown: str, attempts: int = 5) -> None:
+        """Type `text` again until `shown` appears. Readline now and then drops a line typed the
+        instant it has redrawn its prompt after a foreground job ended (seen with and without this
+        project's snippet); a person would simply type it again."""
+        for _ in range(attempts):
+            self.type(text)
+            deadline = time.monotonic() + 2
+            while shown.encode() not in self.seen and time.monotonic() < deadline:
+                self._read(0.05)
+            if shown.encode() in self.seen:
+                return
+        raise AssertionError(f"never shown: {shown!r}; the terminal showed {self.seen!r}")
+
     def finish(self) -> int:
         try:
             returncode = self.process.wait(timeout=TIMEOUT)
@@ -363,7 +376,7 @@ def test_start_pasted_into_an_interactive_shell_leaves_that_shell_as_it_was(node
     terminal.expect(PROMPT)
     terminal.type(f"{TOKEN}\r")
     terminal.expect("stopped after an error")
-    terminal.type('echo "still here: status=$? options=$-"; trap -p; exit\n')
+    terminal.type_until_shown('echo "still here: status=$? options=$-"; trap -p; exit\n', "still here: status=")
     assert terminal.finish() == 0
     shown = terminal.seen.decode(errors="replace")
     [state] = re.findall(r"(?m)^still here: status=(\d+) options=(\w+)", shown)

@@ -30,6 +30,7 @@ from tests.support import PROJECT_ROOT
 VERSION = "9.9.9-test"
 TAG = f"{NODE_AGENT}:{VERSION}"
 OTHER = "modelforge-other-image:1"
+DERIVED = f"{NODE_AGENT}:9.9.9-derived"
 TOKEN = "mfe_" + "r" * 43
 HOSTILE = 'it\'s $(touch pwned) `id` "q" end'
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -87,6 +88,10 @@ def release(tmp_path_factory):
     (context / "third").write_text("another image\n")
     (context / "Containerfile").write_text(CONTAINERFILE + "COPY third /third\n")
     podman("build", "-q", "-t", OTHER, "-t", f"docker.io/library/{OTHER}", str(context))
+    # FROM the release, changing only what runs: no new layer, every label inherited.
+    derived = f'FROM localhost/{TAG}\nENTRYPOINT ["/evil"]\nUSER 0\nENV LD_PRELOAD=/x.so\n'
+    (context / "Containerfile").write_text(derived)
+    podman("build", "-q", "-t", DERIVED, "-t", f"docker.io/library/{DERIVED}", str(context))
     (context / "Containerfile").write_text(CONTAINERFILE)
     out = tmp_path_factory.mktemp("release")
     built = subprocess.run(
@@ -96,8 +101,12 @@ def release(tmp_path_factory):
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
     yield out
-    podman("rm", "-a", "-f", check=False)
-    podman("rmi", "-f", TAG, f"docker.io/library/{TAG}", OTHER, f"docker.io/library/{OTHER}", check=False)
+    ours = [TAG, OTHER, DERIVED]
+    for image in ours:  # only the containers the stand-in created from these images
+        created = podman("ps", "-a", "-q", "--filter", f"ancestor={image}", check=False).stdout.split()
+        if created:
+            podman("rm", "-f", *created, check=False)
+    podman("rmi", "-f", *ours, *(f"docker.io/library/{image}" for image in ours), check=False)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +134,7 @@ def engine(request, release) -> dict[str, str]:
     if request.param == "podman":
         return {"FAKE_DOCKER_ENGINE": "podman"}
     docker, host = request.getfixturevalue("docker_api")
-    for tag in (TAG, OTHER):  # a test that loads the bundle again may have dropped this name
+    for tag in (TAG, OTHER, DERIVED):  # a test that loads the bundle again may have dropped this name
         podman("tag", tag, f"docker.io/library/{tag}", check=False)
     return {"FAKE_DOCKER_ENGINE": docker, "DOCKER_HOST": host}
 
@@ -159,6 +168,11 @@ def test_the_manifest_records_what_docker_load_keeps_and_the_sums_check(release)
     checked = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=release, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.count(": OK") == 2
+    # Saved under docker.io/library/, which Docker loads as the plain tag the start command looks for
+    # (podman would otherwise record localhost/…, a name Docker keeps as it is).
+    archive = subprocess.run(["tar", "-xOf", str(release / manifest["bundle"]), "manifest.json"],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    assert json.loads(archive.stdout)[0]["RepoTags"] == [f"docker.io/library/{TAG}"]
 
 
 def test_a_bundle_loaded_again_verifies_and_a_changed_manifest_does_not(release, tmp_path):
@@ -196,6 +210,15 @@ GOOD = {
     "os": "linux",
     "rootfs_layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64],
     "labels": {"org.opencontainers.image.version": "1.3.0-rc.1"},
+    "config": {
+        "entrypoint": ["/usr/bin/python3", "-m", "modelforge_node_agent"],
+        "cmd": [],
+        "env": ["PATH=/usr/bin"],
+        "volumes": [],
+        "exposed_ports": [],
+        "user": "65532",
+        "working_dir": "/",
+    },
     "image_id": "sha256:" + "c" * 64,
 }
 
@@ -232,6 +255,14 @@ def test_the_image_id_is_never_compared():
         (json.dumps({**GOOD, "labels": {"a": "line\nbreak"}}), "printable"),
         (json.dumps({**GOOD, "labels": {"a": 1}}), "printable"),
         (json.dumps({**GOOD, "image_id": "abc"}), '"image_id"'),
+        (json.dumps({**GOOD, "labels": {"a": "\ud800"}}), "printable"),  # a lone surrogate
+        (json.dumps({**GOOD, "labels": {"a": "line\u2028separator"}}), "printable"),
+        (json.dumps({**GOOD, "labels": {"a": ""}}), "1 to 1024 printable characters"),
+        (json.dumps({key: value for key, value in GOOD.items() if key != "config"}), '"config" must be an object'),
+        (json.dumps({**GOOD, "config": {**GOOD["config"], "env": "PATH=/x"}}), '"config.env" must be a list'),
+        (json.dumps({**GOOD, "config": {**GOOD["config"], "user": None}}), '"config.user" must be printable'),
+        (json.dumps({**GOOD, "config": {**GOOD["config"], "cmd": ["a\nb"]}}), '"config.cmd" must be printable'),
+        ('{"a":' * 3000 + "1" + "}" * 3000, "nested too deeply"),
         (json.dumps({**GOOD, "labels": {"a": "x" * 70_000}}), "more than 64 KiB"),
     ],
 )
@@ -281,10 +312,11 @@ def test_the_start_command_starts_the_checked_release_image(release, engine, tmp
     node = ReleaseNode(tmp_path, record_from_json(entry(release)), engine)
     result = node.run(start_command(node.source))
     assert result.returncode == 0, result.stderr
-    up, ps = node.calls()
-    assert up["argv"][-5:] == ["-d", "--no-build", "--pull", "never", "node-agent"]
+    up, ps, start = node.calls()
+    assert up["argv"][-6:] == ["up", "--no-start", "--no-build", "--pull", "never", "node-agent"]
     assert up["image_env"] == TAG  # set explicitly, whatever the shell had exported
-    assert ps["argv"][-3:] == ["ps", "-q", "node-agent"]
+    assert ps["argv"][-4:] == ["ps", "-a", "-q", "node-agent"]
+    assert start["argv"][-2:] == ["start", "node-agent"]  # only after the created container was checked
     assert list(node.tmp.iterdir()) == []
     assert not (node.deploy / "pwned").exists() and TOKEN not in result.stdout + result.stderr
 
@@ -303,6 +335,10 @@ def tampered(record: dict, change: str) -> dict:
         record["labels"]["org.opencontainers.image.revision"] = "abc123"
     elif change == "not loaded":
         record["tag"] = f"{NODE_AGENT}:9.9.9-missing"
+    elif change == "derived image":  # the node's tag names an image built FROM the release
+        record["tag"] = DERIVED
+    elif change == "env":
+        record["config"]["env"].append("EXTRA=1")
     return record
 
 
@@ -315,6 +351,10 @@ def tampered(record: dict, change: str) -> dict:
         ("label value", "label org.example.hostile: expected"),
         ("label missing", "label org.opencontainers.image.revision: expected 'abc123', found ''"),
         ("not loaded", "there is no image modelforge-node-agent:9.9.9-missing on this node"),
+        ("derived image", "config entrypoint: expected"),
+        ("derived image", "config user: expected"),
+        ("derived image", "LD_PRELOAD"),
+        ("env", "config env: expected"),
     ],
 )
 def test_the_start_command_refuses_an_image_that_is_not_the_release(release, engine, tmp_path, change, said):
@@ -326,12 +366,13 @@ def test_the_start_command_refuses_an_image_that_is_not_the_release(release, eng
     assert "Paste the one-time" not in result.stderr and list(node.tmp.iterdir()) == []
 
 
-def test_a_container_that_runs_another_image_is_stopped(release, engine, tmp_path):
+def test_a_container_created_from_another_image_is_removed_unstarted(release, engine, tmp_path):
     node = ReleaseNode(tmp_path, record_from_json(entry(release)), engine)
     result = node.run(start_command(node.source), FAKE_RUNNING_IMAGE=OTHER)
     assert result.returncode == 1
-    assert "not the checked" in result.stderr
-    assert node.calls()[-1]["argv"][-2:] == ["stop", "node-agent"]
+    assert "not the checked" in result.stderr and "removed before it started" in result.stderr
+    assert [call["argv"][-3:] for call in node.calls()][1:] == [["-a", "-q", "node-agent"], ["-f", "-s", "node-agent"]]
+    assert not any("start" in call["argv"] for call in node.calls())
     assert list(node.tmp.iterdir()) == []
 
 

@@ -225,7 +225,7 @@ def _read_secret(variable: str, prompt: str, kind: str, prefix: str, outcome: st
 # D5: before the token is asked for, the loaded image must be the release's: tag, architecture,
 # OS, RootFS layers and every recorded label (a Go template each, so Docker itself reads them).
 # The image ID is not compared, since `docker image load` may rewrite it; it is captured instead,
-# and the started container must run exactly that image (checked after `up`, below).
+# and the container must be created from exactly that image (checked before it starts, below).
 _RELEASE_IMAGE_CHECK = """\
   image=__IMAGE__
   if ! image_id=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null); then
@@ -247,22 +247,27 @@ __EXPECTATIONS__
   export MODELFORGE_NODE_AGENT_IMAGE="$image"
 """
 
-_RUNNING_IMAGE_CHECK = """\
-  container_id=$(docker compose --env-file .env -f __COMPOSE__ ps -q node-agent)
-  running_image=$(docker inspect --format '{{.Image}}' "$container_id")
-  if [[ "$running_image" != "$image_id" ]]; then
-    docker compose --env-file .env -f __COMPOSE__ stop node-agent
-    echo "modelforge: node-agent runs image $running_image, not the checked $image_id; it was stopped." >&2
+# The container is created, not started, and must have been created from exactly the image
+# checked above; only then does it start, so a different image never runs with the token.
+_CREATE_CHECK_START = """\
+  docker compose --env-file "$secret_file" -f __COMPOSE__ up --no-start --no-build --pull never node-agent
+  container_id=$(docker compose --env-file "$secret_file" -f __COMPOSE__ ps -a -q node-agent)
+  created_from=$(docker inspect --format '{{.Image}}' "$container_id")
+  if [[ "$created_from" != "$image_id" ]]; then
+    docker compose --env-file "$secret_file" -f __COMPOSE__ rm -f -s node-agent
+    echo "modelforge: node-agent was created from image $created_from, not the checked $image_id;" \\
+      "it was removed before it started." >&2
     exit 1
   fi
+  docker compose --env-file "$secret_file" -f __COMPOSE__ start node-agent
 """
 
 # C4: the token goes from a hidden prompt into a mode-0600 temp file through the printf builtin,
 # so it is never echoed, traced, in the shell history or in any process's argv. The temp file is
 # .env followed by the token line, given to Compose as its only --env-file: every Compose v2 reads
 # one env file, while a second --env-file is honoured only from 2.17 on (earlier ones silently use
-# just the last). The file is gone when the subshell ends. The charset check also keeps the token
-# line parseable (P2).
+# just the last). The token line comes last, so it wins over any token line left in .env. The file
+# is gone when the subshell ends. The charset check also keeps the token line parseable (P2).
 _START_HOSTNAME = """\
   # I4: inside the container the agent sees only the container's name, which changes on every
   # recreate; the node's own name goes into .env once, so duplicate identities stay visible.
@@ -279,7 +284,7 @@ _START_HOSTNAME = """\
   fi
 """
 
-_START_WITH_TOKEN = """\
+_WRITE_TOKEN_FILE = """\
   secret_file=$(mktemp "${TMPDIR:-/tmp}/modelforge-enrol.XXXXXXXXXX")
   chmod 600 -- "$secret_file"
   cat .env >"$secret_file"
@@ -287,6 +292,9 @@ _START_WITH_TOKEN = """\
   builtin printf 'MODELFORGE_AGENT_ENROLLMENT_TOKEN=%s\\n' "$token" >>"$secret_file"
   unset token MODELFORGE_AGENT_ENROLLMENT_TOKEN
   echo "modelforge: starting node-agent; the token is in a mode-0600 temp file, removed when this ends." >&2
+"""
+
+_UP = """\
   docker compose --env-file "$secret_file" -f __COMPOSE__ up -d__UP_FLAGS__ node-agent
 """
 
@@ -368,17 +376,47 @@ _REPLACE_CREDENTIAL = (
 )
 
 
+def _fill(template: str, **values: str) -> str:
+    """Replace each __NAME__ marker in one pass, so nothing inserted is ever scanned for markers."""
+    return re.sub(r"__([A-Z_]+?)__", lambda marker: values[marker.group(1)], template)
+
+
 def _bash_literal(value: str) -> str:
     """`value` as one Bash word that expands to exactly itself.
 
-    Plain single quotes where that reads well; a label holding `$` or a backquote is written as
-    $'...' with those characters as \\x escapes, so neither a reader nor shellcheck can take it for
-    an expansion (the manifest's values are printable, no control characters).
+    Plain single quotes where that reads well; a value holding `$`, a backquote or a newline is
+    written as $'...' with those characters as escapes, so neither a reader nor shellcheck can take
+    it for an expansion (manifest values are printable: no other control characters).
     """
-    if "$" not in value and "`" not in value:
+    if not any(char in value for char in "$`\n"):
         return shlex.quote(value)
-    escapes = {"\\": "\\\\", "'": "\\x27", "$": "\\x24", "`": "\\x60"}
+    escapes = {"\\": "\\\\", "'": "\\x27", "$": "\\x24", "`": "\\x60", "\n": "\\n"}
     return "$'" + "".join(escapes.get(char, char) for char in value) + "'"
+
+
+def _expect(what: str, template: str, expected: str) -> str:
+    return f"  expect_image {shlex.quote(what)} {_bash_literal(template)} {_bash_literal(expected)}"
+
+
+def _listed(items: tuple[str, ...]) -> str:
+    """What the list templates below print: the count, each item on its own line, then "." (so an
+    empty last item is not lost to $(...)'s trimming of trailing newlines)."""
+    return str(len(items)) + "".join(f"\n{item}" for item in items) + "\n."
+
+
+# Go templates for the image config (D5). Slices and maps print the same through Docker's CLI and
+# podman's; maps are visited in sorted key order, as the manifest stores them.
+_LIST_TEMPLATES = {
+    "entrypoint": '{{len .Config.Entrypoint}}{{range .Config.Entrypoint}}{{"\\n"}}{{.}}{{end}}{{"\\n."}}',
+    "cmd": '{{len .Config.Cmd}}{{range .Config.Cmd}}{{"\\n"}}{{.}}{{end}}{{"\\n."}}',
+    "env": '{{len .Config.Env}}{{range .Config.Env}}{{"\\n"}}{{.}}{{end}}{{"\\n."}}',
+    "volumes": '{{len .Config.Volumes}}{{range $path, $unused := .Config.Volumes}}{{"\\n"}}{{$path}}{{end}}{{"\\n."}}',
+    "exposed_ports": (
+        '{{len .Config.ExposedPorts}}{{range $port, $unused := .Config.ExposedPorts}}{{"\\n"}}{{$port}}{{end}}'
+        '{{"\\n."}}'
+    ),
+}
+_STRING_TEMPLATES = {"user": "{{.Config.User}}", "working_dir": "{{.Config.WorkingDir}}"}
 
 
 def _release_expectations(record: ImageRecord) -> str:
@@ -389,32 +427,41 @@ def _release_expectations(record: ImageRecord) -> str:
         f"  expect_image os '{{{{.Os}}}}' {record.os}",
         "  expect_image 'RootFS layers' '{{range .RootFS.Layers}}{{.}} {{end}}' \"$(printf '%s ' \\\n" + layers + ')"',
     ]
+    for name, template in _LIST_TEMPLATES.items():
+        lines.append(_expect(f"config {name}", template, _listed(record.setting(name))))
+    for name, template in _STRING_TEMPLATES.items():
+        lines.append(_expect(f"config {name}", template, record.setting(name)))
     for key, value in record.labels:
-        # _LABEL_KEY keeps quotes and backslashes out of the key, so it sits safely in the template.
-        template = shlex.quote(f'{{{{index .Config.Labels "{key}"}}}}')
-        lines.append(f"  expect_image {shlex.quote('label ' + key)} {template} {_bash_literal(value)}")
+        # _LABEL_KEY keeps quotes and backslashes out of the key, so it sits safely in the template;
+        # label values are never empty, so a missing label (printed as "") cannot pass.
+        lines.append(_expect(f"label {key}", f'{{{{index .Config.Labels "{key}"}}}}', value))
     return "\n".join(lines) + "\n"
 
 
 def start_command(source: ImageSource = LOCAL_BUILD) -> str:
     """The Bash snippet that starts the agent with a token read from a hidden prompt (C4, D5)."""
-    parts = ["# ModelForge: start the node agent with the one-time enrolment token. Paste in deploy/.\n", _PREAMBLE]
-    if source.release is not None:
-        bundle = f"modelforge-{source.release.version}-images.tar"
-        parts.append(
-            _RELEASE_IMAGE_CHECK.replace("__IMAGE__", shlex.quote(source.reference))
-            .replace("__BUNDLE__", bundle)
-            .replace("__EXPECTATIONS__\n", _release_expectations(source.release))
-        )
-    parts += [
-        _START_HOSTNAME,
-        _read_secret("token", "the one-time enrolment token", "an enrolment token", "mfe_", "started"),
-        _START_WITH_TOKEN.replace("__UP_FLAGS__", _UP_FLAGS[source.kind]),
+    parts = [
+        "# ModelForge: start the node agent with the one-time enrolment token. Paste in deploy/.\n",
+        _fill(_PREAMBLE, COMPOSE=COMPOSE_FILE),
     ]
     if source.release is not None:
-        parts.append(_RUNNING_IMAGE_CHECK)
-    parts.append(_START_DONE)
-    return "".join(parts).replace("__COMPOSE__", COMPOSE_FILE)
+        parts.append(_fill(
+            _RELEASE_IMAGE_CHECK,
+            IMAGE=shlex.quote(source.reference),
+            BUNDLE=f"modelforge-{source.release.version}-images.tar",
+            EXPECTATIONS=_release_expectations(source.release).rstrip("\n"),
+        ))  # fmt: skip
+    elif source.kind == "digest":
+        parts.append("  unset MODELFORGE_NODE_AGENT_IMAGE  # the pinned image in .env is the one that runs\n")
+    parts += [
+        _fill(_START_HOSTNAME),
+        _read_secret("token", "the one-time enrolment token", "an enrolment token", "mfe_", "started"),
+        _WRITE_TOKEN_FILE,
+        _fill(_CREATE_CHECK_START if source.release is not None else _UP, COMPOSE=COMPOSE_FILE,
+              UP_FLAGS=_UP_FLAGS[source.kind]),
+        _START_DONE,
+    ]  # fmt: skip
+    return "".join(parts)
 
 
 def recreate_command(source: ImageSource = LOCAL_BUILD) -> str:
@@ -424,13 +471,9 @@ def recreate_command(source: ImageSource = LOCAL_BUILD) -> str:
     dropped too, so the image named in .env is the one that runs (Compose prefers the shell's).
     """
     unset_image = "" if source.kind == "local" else " -u MODELFORGE_NODE_AGENT_IMAGE"
-    return (
-        _RECREATE.replace("__COMPOSE__", COMPOSE_FILE)
-        .replace("__UNSET_IMAGE__", unset_image)
-        .replace("__UP_FLAGS__", _UP_FLAGS[source.kind])
-    )
+    return _fill(_RECREATE, COMPOSE=COMPOSE_FILE, UNSET_IMAGE=unset_image, UP_FLAGS=_UP_FLAGS[source.kind])
 
 
 def replace_credential_command() -> str:
     """The Bash snippet that installs a rotated credential into the agent's state directory (I5)."""
-    return _REPLACE_CREDENTIAL.replace("__COMPOSE__", COMPOSE_FILE)
+    return _fill(_REPLACE_CREDENTIAL, COMPOSE=COMPOSE_FILE)
