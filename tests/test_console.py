@@ -595,6 +595,9 @@ def test_the_wizard_defaults_to_the_release_bundle_and_needs_its_manifest_entry(
         ({"image_source": "digest", "pinned_reference": "registry.lan/modelforge-node-agent:1.3.0"}, "@sha256"),
         ({"image_source": "digest", "pinned_reference": PINNED + "; rm -rf /"}, "Pin the image by digest"),
         ({"image_source": "docker-hub"}, "Not a valid choice"),
+        # a lone surrogate once passed validation, minted a token, then failed to render (500)
+        ({"image_source": "release", "release_entry": json.dumps({**RELEASE_ENTRY, "labels": {"x": "\ud800"}})},
+         "printable"),
     ],
 )
 def test_a_bad_image_choice_is_refused_before_minting(app, console, fields, message):

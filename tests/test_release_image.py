@@ -417,3 +417,10 @@ def test_the_manifest_tool_verifies_through_the_docker_cli(release, docker_api):
     )  # fmt: skip
     assert checked.returncode == 0, checked.stderr
     assert "matches" in checked.stdout
+
+
+def test_values_that_look_like_template_markers_are_written_as_they_are():
+    record = record_from_json({**GOOD, "tag": f"{NODE_AGENT}:1__BUNDLE__", "labels": {"a": "x__COMPOSE__y"}})
+    snippet = start_command(release_image(record))
+    assert "x__COMPOSE__y" in snippet and f"image={NODE_AGENT}:1__BUNDLE__" in snippet
+    assert "modelforge-1__BUNDLE__-images.tar" in snippet
