@@ -197,7 +197,7 @@ def test_shellcheck_does_report_a_broken_snippet(tmp_path):
 
 @pytest.mark.parametrize("typed", [f"{TOKEN}\n", TOKEN, f"  {TOKEN} \r\n"], ids=["line", "no-newline", "padded"])
 def test_start_passes_the_token_in_a_private_temp_file_and_removes_it(node, typed):
-    """C4, P2: mode 0600, .env then the token line, Compose's only env file, gone afterwards, never printed."""
+    """C4, P2: mode 0600, the token line then .env, Compose's only env file, gone afterwards, never printed."""
     # A token still exported from an earlier attempt must not override the one just typed.
     result = node.run(start_command(), typed, MODELFORGE_AGENT_ENROLLMENT_TOKEN="mfe_stale")
     assert result.returncode == 0, output(result)
@@ -208,7 +208,8 @@ def test_start_passes_the_token_in_a_private_temp_file_and_removes_it(node, type
     assert Path(token_path).parent == node.tmpdir
     assert token_file["mode"] == 0o600
     env_text = (node.deploy / ".env").read_text()
-    assert token_file["content"] == env_text + f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n"
+    # The token first: a Compose that reports a bad .env line with the rest of the file never quotes it.
+    assert token_file["content"] == f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n" + env_text
     settings = read_compose_dotenv(token_file["content"])
     assert settings["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] == TOKEN
     assert settings["MODELFORGE_AGENT_DISPLAY_NAME"] == "Bob's GPU box"  # .env's settings still count
@@ -220,13 +221,13 @@ def test_start_passes_the_token_in_a_private_temp_file_and_removes_it(node, type
 
 
 def test_a_token_left_in_env_loses_to_the_one_typed(node):
-    """The typed token is the env file's last line, and both Compose and python-dotenv take the last."""
+    """A token line in .env is left out of the temp file, so only the typed token reaches Compose."""
     env_path = node.deploy / ".env"
     env_path.write_text(env_path.read_text() + "MODELFORGE_AGENT_ENROLLMENT_TOKEN=mfe_stale_from_env")  # no newline
     assert node.run(start_command(), f"{TOKEN}\n").returncode == 0
     content = node.calls()[0]["env_files"][0]["content"]
-    assert "MODELFORGE_AGENT_ENROLLMENT_TOKEN=mfe_stale_from_env\n" in content
-    assert content.endswith(f"\nMODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
+    assert "mfe_stale_from_env" not in content  # .env's own token line is left out
+    assert content.startswith(f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
     assert read_compose_dotenv(content)["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] == TOKEN
     path = node.root / "as-written.env"
     path.write_text(content)
@@ -254,7 +255,7 @@ def test_start_removes_the_token_file_when_docker_fails(node):
     result = node.run(start_command(), f"{TOKEN}\n", behaviour="fail")
     assert result.returncode != 0
     [call] = node.calls()
-    assert call["env_files"][0]["content"].endswith(f"\nMODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
+    assert call["env_files"][0]["content"].startswith(f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
     assert not Path(call["env_files"][0]["path"]).exists()
     assert node.leftovers() == []
     assert "stopped after an error" in result.stderr
@@ -363,7 +364,7 @@ def test_start_reads_the_token_without_echo_on_a_terminal(node):
     terminal.expect(PROMPT)
     terminal.type(f"{TOKEN}\r")  # Enter on a terminal
     assert terminal.finish() == 0, terminal.seen
-    assert node.calls()[0]["env_files"][0]["content"].endswith(f"\nMODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
+    assert node.calls()[0]["env_files"][0]["content"].startswith(f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
     assert_no_secrets(terminal.seen.decode(errors="replace"), TOKEN)
 
 
@@ -376,7 +377,8 @@ def test_start_pasted_into_an_interactive_shell_leaves_that_shell_as_it_was(node
     terminal.expect(PROMPT)
     terminal.type(f"{TOKEN}\r")
     terminal.expect("stopped after an error")
-    terminal.type_until_shown('echo "still here: status=$? options=$-"; trap -p; exit\n', "still here: status=")
+    # Shown = echo's output at the start of a line, not the typed command's echo.
+    terminal.type_until_shown('echo "still here: status=$? options=$-"; trap -p; exit\n', "\nstill here: status=")
     assert terminal.finish() == 0
     shown = terminal.seen.decode(errors="replace")
     [state] = re.findall(r"(?m)^still here: status=(\d+) options=(\w+)", shown)
@@ -401,7 +403,7 @@ def test_start_leaks_nothing_when_the_caller_traces(node):
     """C4: tracing on in the admin's shell (bash -x) is switched off before the token is read."""
     result = node.run(start_command(), f"{TOKEN}\n", "-x")
     assert result.returncode == 0, output(result)
-    assert node.calls()[0]["env_files"][0]["content"].endswith(f"\nMODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
+    assert node.calls()[0]["env_files"][0]["content"].startswith(f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
     assert_no_secrets(output(result), TOKEN)
 
 

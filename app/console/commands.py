@@ -264,10 +264,12 @@ _CREATE_CHECK_START = """\
 
 # C4: the token goes from a hidden prompt into a mode-0600 temp file through the printf builtin,
 # so it is never echoed, traced, in the shell history or in any process's argv. The temp file is
-# .env followed by the token line, given to Compose as its only --env-file: every Compose v2 reads
-# one env file, while a second --env-file is honoured only from 2.17 on (earlier ones silently use
-# just the last). The token line comes last, so it wins over any token line left in .env. The file
-# is gone when the subshell ends. The charset check also keeps the token line parseable (P2).
+# the token line followed by .env (less any token line of its own), given to Compose as its only
+# --env-file: every Compose v2 reads one env file, while a second --env-file is honoured only from
+# 2.17 on (earlier ones silently use just the last). The token comes first so that a malformed
+# .env line, which some Compose versions report with the rest of the file, is never reported with
+# the token. The file is gone when the subshell ends. The charset check also keeps the token line
+# parseable (P2).
 _START_HOSTNAME = """\
   # I4: inside the container the agent sees only the container's name, which changes on every
   # recreate; the node's own name goes into .env once, so duplicate identities stay visible.
@@ -287,10 +289,10 @@ _START_HOSTNAME = """\
 _WRITE_TOKEN_FILE = """\
   secret_file=$(mktemp "${TMPDIR:-/tmp}/modelforge-enrol.XXXXXXXXXX")
   chmod 600 -- "$secret_file"
-  cat .env >"$secret_file"
-  if [[ -s .env && -n "$(tail -c 1 .env)" ]]; then echo >>"$secret_file"; fi
-  builtin printf 'MODELFORGE_AGENT_ENROLLMENT_TOKEN=%s\\n' "$token" >>"$secret_file"
+  builtin printf 'MODELFORGE_AGENT_ENROLLMENT_TOKEN=%s\\n' "$token" >"$secret_file"
   unset token MODELFORGE_AGENT_ENROLLMENT_TOKEN
+  token_setting='^[[:space:]]*(export[[:space:]]+)?MODELFORGE_AGENT_ENROLLMENT_TOKEN[[:space:]]*='
+  grep -Ev "$token_setting" .env >>"$secret_file" || true
   echo "modelforge: starting node-agent; the token is in a mode-0600 temp file, removed when this ends." >&2
 """
 
