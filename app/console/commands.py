@@ -29,8 +29,9 @@ class ImageSource:
     """Where the node's agent image comes from, and what the start command checks about it (C4, D5).
 
     release: the release bundle loaded with `docker image load`, checked against the manifest's
-        images.modelforge-node-agent entry (tag, architecture, OS, RootFS layers, labels) before
-        anything starts; the container must then run exactly that image. Never pulled or built.
+        images.modelforge-node-agent entry (tag, architecture, OS, RootFS layers, config, labels)
+        before the token is read; the container must be created from exactly that image before it
+        starts. Never pulled or built.
     digest: a registry image pinned by @sha256 digest; pulled if missing, never built.
     local: built from this checkout's Dockerfile (development).
     """
@@ -223,7 +224,8 @@ def _read_secret(variable: str, prompt: str, kind: str, prefix: str, outcome: st
 
 
 # D5: before the token is asked for, the loaded image must be the release's: tag, architecture,
-# OS, RootFS layers and every recorded label (a Go template each, so Docker itself reads them).
+# OS, RootFS layers, what it runs (entrypoint, cmd, env, user, working dir, volumes, ports) and
+# every recorded label (a Go template each, so Docker itself reads them).
 # The image ID is not compared, since `docker image load` may rewrite it; it is captured instead,
 # and the container must be created from exactly that image (checked before it starts, below).
 _RELEASE_IMAGE_CHECK = """\
