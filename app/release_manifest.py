@@ -2,7 +2,8 @@
 
 A release ships its images as one `docker image save` bundle, a `manifest.json` and a
 `SHA256SUMS` over both. For each image the manifest records what survives `docker image load`
-unchanged: the tag, the architecture and OS, the RootFS layer digests and the OCI labels. The
+unchanged: the tag, the architecture and OS, the RootFS layer digests, what the image runs
+(entrypoint, cmd, env, user, working directory, volumes, exposed ports) and the OCI labels. The
 build host's image ID is recorded for reference only; Docker may rewrite it on load, so nothing
 compares it. The console's enrol wizard reads one `images.<name>` entry pasted by the admin and
 turns it into checks in the start command (app/console/commands.py).
