@@ -2,7 +2,7 @@
 
 import gc
 import os
-import subprocess
+import signal
 import sys
 import threading
 
@@ -40,20 +40,35 @@ def post_fork(server, worker):
         db.engine.dispose(close=False)
 
 
+def _spawn_scheduler() -> int:
+    """Start `python -m app.scheduler` and return its pid.
+
+    os.posix_spawn, not subprocess.Popen: Popen waits on a close-on-exec pipe until the child has
+    exec'd, and a worker that the master's main thread forks at that moment keeps a copy of the
+    pipe's write end (workers never exec), so Popen blocked until that worker exited. CI saw it: a
+    killed scheduler was never replaced, because the watcher was still inside the first Popen.
+    posix_spawn reports exec failures without a pipe.
+    """
+    argv = [sys.executable, "-m", "app.scheduler", "--parent-pid", str(os.getpid())]
+    return os.posix_spawn(sys.executable, argv, dict(os.environ))
+
+
 def _run_scheduler(server, stopping: threading.Event) -> None:
     """Keep one sweep process alive beside the workers; it touches the database, we never do."""
     while not stopping.is_set():
         try:
-            process = subprocess.Popen([sys.executable, "-m", "app.scheduler", "--parent-pid", str(os.getpid())])
+            pid = _spawn_scheduler()
         except OSError as error:  # fork or exec refused (process or memory limits): try again, never give up
             server.log.error("could not start the scheduler process (%s); retrying in 5 s", error)
             stopping.wait(5)
             continue
-        server.modelforge_scheduler = process
-        server.log.info("started the scheduler as process %s", process.pid)
-        process.wait()
+        exited = threading.Event()
+        server.modelforge_scheduler = (pid, exited)
+        server.log.info("started the scheduler as process %s", pid)
+        _, status = os.waitpid(pid, 0)
+        exited.set()
         if not stopping.wait(5):
-            server.log.warning("scheduler process exited with %s; starting another", process.returncode)
+            server.log.warning("scheduler process exited with %s; starting another", os.waitstatus_to_exitcode(status))
 
 
 def when_ready(server):
@@ -72,11 +87,13 @@ def on_exit(server):
     stopping = getattr(server, "modelforge_stopping", None)
     if stopping is not None:
         stopping.set()
-        process = getattr(server, "modelforge_scheduler", None)
-        if process is None:
+        scheduler = getattr(server, "modelforge_scheduler", None)
+        if scheduler is None:
             return
-        process.terminate()
+        pid, exited = scheduler  # the watcher thread reaps it and sets `exited`
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+            os.kill(pid, signal.SIGTERM)
+            if not exited.wait(10):
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
