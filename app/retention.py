@@ -16,19 +16,24 @@ _samples = TelemetrySample.__table__
 _rollups = TelemetryRollup.__table__
 
 
-def _epoch_ms(moment: datetime) -> int:
+# Each metric's column prefix in a rollup row: <prefix>_sum, <prefix>_count, <prefix>_max.
+ROLLUP_PREFIXES = {
+    "utilization_gpu_percent": "utilization",
+    "memory_used_bytes": "memory_used",
+    "temperature_c": "temperature",
+    "power_w": "power",
+}
+
+
+def epoch_ms(moment: datetime) -> int:
+    """A moment as the sampled_at and bucket_start columns store it (EpochMillis)."""
     return int(moment.timestamp() * 1000)
 
 
 def _folded_columns():
     """sum, count and max of each metric over one GPU-bucket group."""
     columns = []
-    for metric, prefix in (
-        ("utilization_gpu_percent", "utilization"),
-        ("memory_used_bytes", "memory_used"),
-        ("temperature_c", "temperature"),
-        ("power_w", "power"),
-    ):
+    for metric, prefix in ROLLUP_PREFIXES.items():
         column = _samples.c[metric]
         columns += [
             (f"{prefix}_sum", sa.func.sum(column)),
@@ -45,9 +50,9 @@ def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
     bucket boundary so a bucket is folded whole.
     """
     now = now or utcnow()
-    raw_cutoff = _epoch_ms(now - timedelta(seconds=settings.telemetry_raw_retention_seconds))
+    raw_cutoff = epoch_ms(now - timedelta(seconds=settings.telemetry_raw_retention_seconds))
     raw_cutoff -= raw_cutoff % BUCKET_MS
-    rollup_cutoff = _epoch_ms(now - timedelta(seconds=settings.telemetry_rollup_retention_seconds))
+    rollup_cutoff = epoch_ms(now - timedelta(seconds=settings.telemetry_rollup_retention_seconds))
     sampled_at = sa.type_coerce(_samples.c.sampled_at, sa.BigInteger)
     # Integer division in both SQLite and PostgreSQL (the operands are integers).
     bucket = (sampled_at.op("/")(BUCKET_MS) * BUCKET_MS).label("bucket_start")

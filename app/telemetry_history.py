@@ -20,17 +20,9 @@ import sqlalchemy as sa
 from app.extensions import db
 from app.models import Gpu, TelemetryRollup, TelemetrySample
 from app.models.telemetry import METRICS
-from app.retention import BUCKET_MS
+from app.retention import BUCKET_MS, ROLLUP_PREFIXES, epoch_ms
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# Each metric's (sum, count) columns in a rollup row.
-_ROLLUP_COLUMNS = {
-    "utilization_gpu_percent": ("utilization_sum", "utilization_count"),
-    "memory_used_bytes": ("memory_used_sum", "memory_used_count"),
-    "temperature_c": ("temperature_sum", "temperature_count"),
-    "power_w": ("power_sum", "power_count"),
-}
-
 Point = tuple[datetime, float | None]
 
 
@@ -75,7 +67,7 @@ def history(
     if not gpus:
         return {}
     gpu_ids = [gpu_id for gpu_id, _ in gpus]
-    start_ms, end_ms = _epoch_ms(now - window), _epoch_ms(now)
+    start_ms, end_ms = epoch_ms(now - window), epoch_ms(now)
     if bucket_ms is None:
         by_gpu = _raw_series(gpu_ids, start_ms, end_ms, max_gap)
     else:
@@ -89,11 +81,6 @@ def history(
 def _millis(span: timedelta) -> int:
     """A timedelta in whole milliseconds, exactly (no float round trip)."""
     return span // timedelta(milliseconds=1)
-
-
-def _epoch_ms(moment: datetime) -> int:
-    """A moment as the sampled_at column stores it (EpochMillis), so the window's ends compare alike."""
-    return int(moment.timestamp() * 1000)
 
 
 def _moment(epoch_ms: int) -> datetime:
@@ -189,10 +176,10 @@ def _rollup_buckets(gpu_ids: list[int], start_ms: int, end_ms: int, bucket_ms: i
     index = _bucket_index(TelemetryRollup.bucket_start, bucket_ms)
     aggregates = []
     for metric in METRICS:
-        sum_column, count_column = _ROLLUP_COLUMNS[metric]
+        prefix = ROLLUP_PREFIXES[metric]
         aggregates += [
-            sa.func.sum(getattr(TelemetryRollup, sum_column)),
-            sa.func.sum(getattr(TelemetryRollup, count_column)),
+            sa.func.sum(getattr(TelemetryRollup, f"{prefix}_sum")),
+            sa.func.sum(getattr(TelemetryRollup, f"{prefix}_count")),
         ]
     return db.session.execute(
         sa.select(TelemetryRollup.gpu_id, index, *aggregates)
