@@ -52,6 +52,14 @@ def _latest_telemetry(node_ids: list[str]) -> dict[str, list[dict[str, object]]]
     return latest
 
 
+def _shared_hostnames(among: set[str] | None = None) -> set[str]:
+    """I4: hostnames held by more than one node ID (optionally only these; the column is indexed)."""
+    query = sa.select(Node.hostname).group_by(Node.hostname).having(sa.func.count() > 1)
+    if among is not None:
+        query = query.where(Node.hostname.in_(among))
+    return set(db.session.scalars(query))
+
+
 def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, object]]:
     """Nodes in the wire format, in a fixed number of queries however many there are."""
     query = (
@@ -70,13 +78,7 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
         for gpu in db.session.scalars(sa.select(Gpu).where(Gpu.node_id.in_(ids)).order_by(Gpu.pci_bus_id, Gpu.uuid)):
             gpus[gpu.node_id].append(gpu)
     telemetry = _latest_telemetry(ids)
-    # I4: how many node IDs share each described hostname (indexed; only the hostnames shown).
-    hostnames = {node.hostname for node, *_ in rows}
-    hostname_counts = dict(
-        db.session.execute(
-            sa.select(Node.hostname, sa.func.count()).where(Node.hostname.in_(hostnames)).group_by(Node.hostname)
-        ).all()
-    )
+    shared = _shared_hostnames({node.hostname for node, *_ in rows})
     now = utcnow()
     described = []
     for node, lease, inventory, credential in rows:
@@ -116,7 +118,7 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
                 "labels": node.labels or {},
                 "credential": credential.to_dict() if credential else None,
                 # I4: another node ID with this hostname suggests a non-durable state volume.
-                "suspected_duplicate_hostname": hostname_counts.get(node.hostname, 0) > 1,
+                "suspected_duplicate_hostname": node.hostname in shared,
                 "enrolled_at": isoformat(node.enrolled_at),
             }
         )
@@ -201,10 +203,7 @@ def summaries(settings: Settings) -> list[NodeSummary]:
         .group_by(Gpu.node_id, Gpu.name)
     ):
         models[node_id][name or "unknown model"] = count
-    # I4: hostnames held by more than one node ID.
-    shared = set(
-        db.session.scalars(sa.select(Node.hostname).group_by(Node.hostname).having(sa.func.count() > 1))
-    )
+    shared = _shared_hostnames()
     now = utcnow()
     result = []
     for row in rows:
