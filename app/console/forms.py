@@ -108,7 +108,7 @@ class EnrollForm(FlaskForm):
         if not (field.data or "").strip():
             raise ValidationError("Paste images.modelforge-node-agent from the release's manifest.json.")
         try:
-            parse_pasted(field.data)
+            self.release_record = parse_pasted(field.data)
         except ValueError as error:
             raise ValidationError(f"That is not a release manifest entry: {error}.") from None
 
@@ -122,9 +122,9 @@ class EnrollForm(FlaskForm):
             raise ValidationError(f"Pin the image by digest: {error}.") from None
 
     def agent_image(self) -> ImageSource:
-        """The validated choice as the commands use it."""
+        """The validated choice as the commands use it (call after validate)."""
         if self.image_source.data == "release":
-            return release_image(parse_pasted(self.release_entry.data))
+            return release_image(self.release_record)
         if self.image_source.data == "digest":
             return pinned_image(self.pinned_reference.data.strip())
         return LOCAL_BUILD
