@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import sqlalchemy as sa
 
 from app.extensions import db
@@ -37,6 +39,30 @@ _DISTINCT_ACTIONS = sa.text(
     SELECT action FROM found WHERE action IS NOT NULL
     """
 )
+
+
+def events(
+    *,
+    limit: int,
+    node_id: str | None = None,
+    action: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    before_id: int | None = None,
+) -> list[AuditEvent]:
+    """Events newest first, filtered; `before_id` pages back (keyset), `until` is exclusive."""
+    query = sa.select(AuditEvent).order_by(AuditEvent.id.desc()).limit(limit)
+    if node_id:
+        query = query.where(AuditEvent.node_id == node_id)
+    if action:
+        query = query.where(AuditEvent.action == action)
+    if since is not None:
+        query = query.where(AuditEvent.at >= since)
+    if until is not None:
+        query = query.where(AuditEvent.at < until)
+    if before_id is not None:
+        query = query.where(AuditEvent.id < before_id)
+    return list(db.session.scalars(query))
 
 
 def distinct_actions() -> list[str]:

@@ -13,7 +13,7 @@ from app.console import bp, page_or_partial
 from app.console.auth import login_required
 from app.db import begin_read_only
 from app.extensions import db
-from app.models import AuditEvent, Node
+from app.models import Node
 
 PAGE_SIZE = 50
 # Each accepted format with its resolution: "until 14:05" means up to the end of that minute.
@@ -69,18 +69,14 @@ def audit_log():
             filters[name] = ""
     since, until = _time_arg("since", errors), _time_arg("until", errors)
     before = _before_arg(errors)
-    query = sa.select(AuditEvent).order_by(AuditEvent.id.desc()).limit(PAGE_SIZE + 1)
-    if filters["node"]:
-        query = query.where(AuditEvent.node_id == filters["node"])
-    if filters["action"]:
-        query = query.where(AuditEvent.action == filters["action"])
-    if since is not None:
-        query = query.where(AuditEvent.at >= since[0])
-    if until is not None:
-        query = query.where(AuditEvent.at < until[0] + until[1])
-    if before is not None:
-        query = query.where(AuditEvent.id < before)
-    events = list(db.session.scalars(query))
+    events = audit.events(
+        limit=PAGE_SIZE + 1,
+        node_id=filters["node"],
+        action=filters["action"],
+        since=since[0] if since else None,
+        until=until[0] + until[1] if until else None,  # the end of the minute or day it names
+        before_id=before,
+    )
     has_more = len(events) > PAGE_SIZE
     events = events[:PAGE_SIZE]
     node_names = dict(db.session.execute(sa.select(Node.id, Node.display_name).order_by(Node.display_name)).all())

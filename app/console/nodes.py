@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 
-import sqlalchemy as sa
 from flask import abort, current_app, redirect, render_template, request, url_for
 
-from app import nodes, readiness, telemetry_history
+from app import audit, nodes, readiness, telemetry_history
 from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.auth import login_required
 from app.console.charts import line_chart
@@ -16,7 +15,7 @@ from app.console.commands import replace_credential_command
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import db
-from app.models import AuditEvent, NodeLease
+from app.models import NodeLease
 from app.models.telemetry import METRICS
 from app.timeutil import utcnow
 
@@ -90,17 +89,6 @@ def _node_or_404(node_id: str) -> dict[str, object]:
     return described[0]
 
 
-def _timeline(node_id: str) -> list[AuditEvent]:
-    return list(
-        db.session.scalars(
-            sa.select(AuditEvent)
-            .where(AuditEvent.node_id == node_id)
-            .order_by(AuditEvent.id.desc())
-            .limit(TIMELINE_LENGTH)
-        )
-    )
-
-
 def _live_context(node_id: str) -> dict[str, object]:
     node = _node_or_404(node_id)
     lease = db.session.get(NodeLease, node_id)
@@ -109,7 +97,7 @@ def _live_context(node_id: str) -> dict[str, object]:
         # C3: the agent version and protocol were last reported at enrolment or inventory time.
         "agent_reported_at": lease.last_seen_at if lease else None,
         "readiness": readiness.for_node(node_id, _settings()),
-        "timeline": _timeline(node_id),
+        "timeline": audit.events(node_id=node_id, limit=TIMELINE_LENGTH),
     }
 
 
