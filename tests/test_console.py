@@ -348,6 +348,16 @@ def test_node_page_shows_every_fact_with_its_time(console):
     assert "<svg" in html and 'id="node-charts"' in html
 
 
+def test_node_page_timeline_is_this_nodes_audit_newest_first(console):
+    first, second = node_with_gpu(console, hostname="first-node"), node_with_gpu(console, hostname="second-node")
+    html = console.get(f"/hardware/nodes/{first['node_id']}").get_data(as_text=True)
+    timeline = html.split('class="mf-timeline"')[1].split("</ol>")[0]
+    assert "node.enrolled" in timeline
+    assert second["node_id"] not in timeline and first["node_id"] in timeline  # agent:<id> actors
+    actions = re.findall(r"<strong>([a-z_.]+)</strong>", timeline)
+    assert actions[-1] == "node.enrolled"  # the oldest event comes last
+
+
 def test_node_page_copes_with_a_sparse_inventory(app, console):
     node = factories.enrolled_node(console)
     with app.app_context():
