@@ -1,0 +1,144 @@
+"""The wizard's generated text, byte for byte, against golden files (C4, D5, P2).
+
+tests/data/snippets/ holds what every public generator of app/console/commands.py wrote for a fixed
+set of inputs: each image mode (a release bundle whose pasted entry carries `$`, quotes, backquotes,
+backslashes, unicode and template-marker look-alikes; a digest-pinned registry image; a local
+build), the credential snippet and the .env. A change to how the text is built must leave it as it
+was; a change meant to alter it regenerates the files with `python -m tests.test_snippets` and shows
+the difference in the commit.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.console.commands import (
+    LOCAL_BUILD,
+    AgentEnv,
+    env_file,
+    pinned_image,
+    recreate_command,
+    release_image,
+    replace_credential_command,
+    start_command,
+)
+from app.release_manifest import NODE_AGENT, record_from_json
+
+GOLDEN = Path(__file__).parent / "data" / "snippets"
+URL = "https://mf.lan:8000"
+
+# Every kind of text a pasted manifest entry may carry into the start command (D5): shell syntax,
+# quotes, backquotes, backslashes, unicode, an empty list item, and markers of both placeholder
+# styles (today's __NAME__ and the @@NAME@@ of .sh templates), which must be written as they are.
+HOSTILE_RELEASE = record_from_json(
+    {
+        "tag": f"{NODE_AGENT}:1.3.0-rc.1",
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs_layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64, "sha256:" + "c" * 64],
+        "labels": {
+            "org.opencontainers.image.version": "1.3.0-rc.1",
+            "org.example.hostile": 'it\'s $(touch pwned) `id` "q" end',
+            "org.example.unicode": "Büro-GPU ☃ — naïve",
+            "org.example.backslash": "back\\slash $HOME \\x24 \\n ${x}",
+            "org.example.trailing": "ends in a backslash $\\",
+            "org.example.markers": "__COMPOSE__ @@COMPOSE@@ @@EXPECTATIONS@@ {{.Id}} __IMAGE__",
+        },
+        "config": {
+            "entrypoint": ["/usr/bin/python3", "-m", "modelforge_node_agent"],
+            "cmd": ["--verbose", "it's $HOME", ""],
+            "env": ["PATH=/usr/local/bin:/usr/bin", 'GREETING=héllo `x` "$y"'],
+            "volumes": ["/state", "/hf cache"],
+            "exposed_ports": ["8080/tcp"],
+            "user": "65532:65532",
+            "working_dir": "/srv/it's here",
+        },
+        "image_id": "sha256:" + "d" * 64,
+    }
+)
+# The least an entry can hold, and a tag that looks like a marker.
+MINIMAL_RELEASE = record_from_json(
+    {
+        "tag": f"{NODE_AGENT}:1__BUNDLE__",
+        "architecture": "arm64",
+        "os": "linux",
+        "rootfs_layers": ["sha256:" + "e" * 64],
+        "labels": {"a": "x__COMPOSE__y", "b": "@@BUNDLE@@"},
+        "config": {
+            "entrypoint": [],
+            "cmd": [],
+            "env": [],
+            "volumes": [],
+            "exposed_ports": [],
+            "user": "",
+            "working_dir": "",
+        },
+    }
+)
+PINNED = pinned_image("registry.lan:5000/team/modelforge-node-agent:1.3.0@sha256:" + "0123456789abcdef" * 4)
+PINNED_UNTAGGED = pinned_image(f"{NODE_AGENT}@sha256:" + "f" * 64)
+
+SOURCES = {
+    "local": LOCAL_BUILD,
+    "digest": PINNED,
+    "digest-untagged": PINNED_UNTAGGED,
+    "release-hostile": release_image(HOSTILE_RELEASE),
+    "release-minimal": release_image(MINIMAL_RELEASE),
+}
+
+CASES: dict[str, Callable[[], str]] = {
+    "start-default": start_command,
+    "recreate-default": recreate_command,
+    "replace-credential": replace_credential_command,
+    "env-default": lambda: env_file(AgentEnv(control_plane_url=URL, display_name="GPU Node")),
+    "env-tricky": lambda: env_file(
+        AgentEnv(
+            control_plane_url="http://10.0.0.5:8000",
+            display_name="Bob's GPU box #2",
+            accelerator_mode="cpu",
+            image=PINNED.reference,
+            state_volume="/mnt/user/app data/state",
+            hf_cache_volume='C:\\models "hf"',
+            artifact_volume="costs $5 # a lot",
+            quarantine_volume="Büro ☃",
+        )
+    ),
+    "env-release": lambda: env_file(
+        AgentEnv(control_plane_url=URL, display_name="rack", accelerator_mode="auto", image=HOSTILE_RELEASE.tag)
+    ),
+}
+for _mode, _source in SOURCES.items():
+    CASES[f"start-{_mode}"] = lambda source=_source: start_command(source)
+    CASES[f"recreate-{_mode}"] = lambda source=_source: recreate_command(source)
+
+
+def golden_path(name: str) -> Path:
+    return GOLDEN / f"{name}.golden"
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_generated_text_is_byte_identical_to_its_golden_file(name):
+    """C4, D5: the same inputs give the same bytes, whatever builds the text."""
+    assert CASES[name]().encode("utf-8") == golden_path(name).read_bytes()
+
+
+def test_every_golden_file_belongs_to_a_case():
+    """A golden file left behind by a removed case would check nothing."""
+    assert sorted(path.stem for path in GOLDEN.glob("*.golden")) == sorted(CASES)
+
+
+def main() -> int:
+    """Write every golden file from the current code (a deliberate change only; review the diff)."""
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    for name, generate in sorted(CASES.items()):
+        golden_path(name).write_bytes(generate().encode("utf-8"))
+    print(f"wrote {len(CASES)} golden files to {GOLDEN}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
