@@ -45,6 +45,9 @@ EXIT_CREDENTIAL_REVOKED = 5
 NVIDIA_NVML_UNAVAILABLE = "NVIDIA_NVML_UNAVAILABLE"
 NVIDIA_DEVICE_NOT_FOUND = "NVIDIA_DEVICE_NOT_FOUND"
 NVIDIA_TELEMETRY_UNAVAILABLE = "NVIDIA_TELEMETRY_UNAVAILABLE"
+TELEMETRY_METRICS = ("utilization_gpu_percent", "memory_used_bytes", "temperature_c", "power_w")
+# N1: a GPU whose utilisation and memory cannot be read gives the scheduler nothing to go on.
+REQUIRED_METRICS = ("utilization_gpu_percent", "memory_used_bytes")
 
 BACKOFF_MIN_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 16.0
@@ -163,6 +166,11 @@ def ensure_state_dir(config: Config) -> None:
 # --------------------------------------------------------------------------- NVML and preflight
 
 
+def rfc3339_now() -> str:
+    """The current UTC time in RFC 3339."""
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
 class Nvml:
     """NVML behind one wrapper: lazy init under a lock, shutdown at exit, per-call errors kept."""
 
@@ -252,16 +260,6 @@ class Nvml:
             }
         sample = {"gpu_uuid": gpu_uuid, "sampled_at": rfc3339_now(), **metrics}
         return sample, errors
-
-
-TELEMETRY_METRICS = ("utilization_gpu_percent", "memory_used_bytes", "temperature_c", "power_w")
-# N1: a GPU whose utilisation and memory cannot be read gives the scheduler nothing to go on.
-REQUIRED_METRICS = ("utilization_gpu_percent", "memory_used_bytes")
-
-
-def rfc3339_now() -> str:
-    """The current UTC time in RFC 3339."""
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass
@@ -580,10 +578,24 @@ def as_dict(value: object) -> dict:
 
 
 class PublishError(Exception):
-    """A request that did not succeed, described without its body or any secret (A3)."""
+    """A request that did not succeed, described without its body or any secret (A3).
 
-    def __init__(self, method: str, path: str, kind: str, status: int | None = None, code: str | None = None):
+    `reply` is the parsed JSON object of an HTTP error (empty otherwise): the agent reads a
+    few fields of it (the error's message, the compatibility answer), but describe() never
+    shows it.
+    """
+
+    def __init__(
+        self,
+        method: str,
+        path: str,
+        kind: str,
+        status: int | None = None,
+        code: str | None = None,
+        reply: dict[str, object] | None = None,
+    ) -> None:
         self.method, self.path, self.kind, self.status, self.code = method, path, kind, status, code
+        self.reply: dict[str, object] = reply if reply is not None else {}
         super().__init__(self.describe())
 
     def describe(self) -> str:
@@ -641,9 +653,7 @@ class Client:
         if response.status_code >= 400:
             error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
             code = error.get("code") if isinstance(error.get("code"), str) else None
-            failure = PublishError("POST", path, "HTTPError", response.status_code, code)
-            failure.reply = reply
-            raise failure
+            raise PublishError("POST", path, "HTTPError", response.status_code, code, reply)
         return reply
 
 
@@ -734,7 +744,7 @@ class Agent:
                 break
             except PublishError as error:
                 if error.status is not None and error.status < 500:
-                    details = as_dict(as_dict(getattr(error, "reply", {})).get("error"))
+                    details = as_dict(error.reply.get("error"))
                     message, next_step = str(details.get("message", "")), str(details.get("next_step", ""))
                     log.error("%s: enrolment refused. %s %s", error.describe(), message, next_step)
                     raise Exit(EXIT_ENROLLMENT_REFUSED) from None
@@ -784,7 +794,7 @@ class Agent:
         elif error.status == 426:
             if "incompatible" not in self.said_once:
                 self.said_once.add("incompatible")
-                compat = as_dict(as_dict(getattr(error, "reply", {})).get("compatibility"))
+                compat = as_dict(error.reply.get("compatibility"))
                 log.error(
                     "%s: compatibility %s. %s",
                     error.describe(),

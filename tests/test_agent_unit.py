@@ -340,3 +340,11 @@ def test_an_unreadable_state_file_is_an_error_not_a_new_identity(tmp_path):
     (tmp_path / "node-credential").write_bytes(b"\xff\xfe")
     with pytest.raises(agent.ConfigError, match="not UTF-8"):
         agent.State(tmp_path).credential()
+
+
+def test_publish_error_keeps_the_reply_for_the_agent_but_never_shows_it():
+    reply = {"error": {"code": "ENROLLMENT_TOKEN_CONSUMED", "message": "secret-looking body"}}
+    error = agent.PublishError("POST", "/api/v1/agent/enroll", "HTTPError", 409, "ENROLLMENT_TOKEN_CONSUMED", reply)
+    assert error.reply is reply
+    assert "secret-looking body" not in error.describe() and "secret-looking body" not in str(error)
+    assert agent.PublishError("POST", "/api/v1/agent/heartbeat", "ConnectError").reply == {}
