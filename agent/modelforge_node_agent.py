@@ -666,12 +666,17 @@ class Backoff:
     def __init__(self, low: float = BACKOFF_MIN_SECONDS, high: float = BACKOFF_MAX_SECONDS) -> None:
         self.low, self.high = low, high
         self.attempt = 0
+        self.held = False
 
     def next_delay(self) -> float:
         """The nominal delay for this failure, then doubled for the next (capped)."""
-        delay = min(self.high, self.low * 2 ** min(self.attempt, 16))
+        delay = self.high if self.held else min(self.high, self.low * 2 ** min(self.attempt, 16))
         self.attempt = min(self.attempt + 1, 99)  # bounded: hours of outage must not overflow
         return delay
+
+    def hold_at_max(self) -> None:
+        """Wait the longest delay until the next success: retrying sooner would be refused again."""
+        self.held = True
 
     @staticmethod
     def jittered(delay: float) -> float:
@@ -681,6 +686,7 @@ class Backoff:
     def reset(self) -> None:
         """After a success, start again from the bottom."""
         self.attempt = 0
+        self.held = False
 
     def describe(self) -> str:
         """The range, as the A3 log line shows it."""
@@ -788,9 +794,9 @@ class Agent:
                 log.warning(
                     "%s: an operator disabled this node; checking every %gs",
                     error.describe(),
-                    BACKOFF_MAX_SECONDS,
+                    self.backoff.high,
                 )
-            self.backoff.attempt = 99
+            self.backoff.hold_at_max()
         elif error.status == 426:
             if "incompatible" not in self.said_once:
                 self.said_once.add("incompatible")
@@ -801,7 +807,7 @@ class Agent:
                     compat.get("answer", "UNKNOWN"),
                     compat.get("action", "Upgrade the agent or the control plane."),
                 )
-            self.backoff.attempt = 99
+            self.backoff.hold_at_max()
         self.wait_after(error)
 
     def health(self, telemetry_errors: dict[str, dict[str, str]]) -> dict[str, str]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import stat
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -348,3 +350,33 @@ def test_publish_error_keeps_the_reply_for_the_agent_but_never_shows_it():
     assert error.reply is reply
     assert "secret-looking body" not in error.describe() and "secret-looking body" not in str(error)
     assert agent.PublishError("POST", "/api/v1/agent/heartbeat", "ConnectError").reply == {}
+
+
+def test_a_held_backoff_waits_the_maximum_until_the_next_success():
+    backoff = agent.Backoff()
+    assert backoff.next_delay() == 1
+    backoff.hold_at_max()  # I6: a disabled node checks every 16 s, not 2, 4, 8…
+    assert [backoff.next_delay() for _ in range(3)] == [16, 16, 16]
+    assert backoff.attempt == 4  # the failures are still counted truly
+    backoff.reset()
+    assert [backoff.next_delay() for _ in range(3)] == [1, 2, 4]
+
+
+def test_a_disabled_node_checks_every_sixteen_seconds_from_the_first_refusal(tmp_path, caplog, monkeypatch):
+    config = agent.load_config(
+        {
+            "MODELFORGE_AGENT_CONTROL_PLANE_URL": "http://127.0.0.1:9",
+            "MODELFORGE_AGENT_STATE_DIR": str(tmp_path / "state"),
+            "MODELFORGE_AGENT_ACCELERATOR_MODE": "cpu",
+        }
+    )
+    running = agent.Agent(config, agent.Nvml(), agent.run_preflight("cpu", agent.Nvml(), {}), threading.Event())
+    waits = []
+    running.stop.wait = lambda seconds: waits.append(seconds) or False
+    disabled = agent.PublishError("POST", "/api/v1/agent/heartbeat", "HTTPError", 403, "NODE_DISABLED")
+    caplog.set_level(logging.INFO, logger="modelforge_node_agent")
+    monkeypatch.setattr(agent.log, "propagate", True)
+    for _ in range(3):
+        running.handle_refusal(disabled)  # I6: not an exit, and no 1, 2, 4 s climb
+    assert len(waits) == 3 and all(16 * 0.8 <= wait <= 16 * 1.2 for wait in waits)
+    assert caplog.text.count("an operator disabled this node; checking every 16s") == 1
