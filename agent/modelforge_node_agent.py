@@ -171,6 +171,31 @@ def rfc3339_now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
+@dataclass(frozen=True)
+class GpuFacts:
+    """One GPU as NVML reported it (N4); a fact NVML could not read is None, its error in unknown_reasons."""
+
+    index: int
+    uuid: str | None
+    name: str | None
+    memory_total_bytes: int | None
+    driver_version: str | None
+    cuda_driver_version: str | None
+    pci_bus_id: str | None
+    unknown_reasons: dict[str, str] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, object]:
+        """The GPU as the inventory request carries it; the NVML index and errors stay local."""
+        return {
+            "uuid": self.uuid,
+            "name": self.name,
+            "memory_total_bytes": self.memory_total_bytes,
+            "driver_version": self.driver_version,
+            "cuda_driver_version": self.cuda_driver_version,
+            "pci_bus_id": self.pci_bus_id,
+        }
+
+
 class Nvml:
     """NVML behind one wrapper: lazy init under a lock, shutdown at exit, per-call errors kept."""
 
@@ -211,7 +236,7 @@ class Nvml:
             errors[name] = type(error).__name__
             return None
 
-    def gpus(self) -> list[dict[str, object]]:
+    def gpus(self) -> list[GpuFacts]:
         """Inventory facts for every GPU NVML reports."""
         pynvml = self.module()
         system_errors: dict[str, str] = {}
@@ -226,16 +251,16 @@ class Nvml:
             memory = self._call(errors, "memory_total_bytes", pynvml.nvmlDeviceGetMemoryInfo, handle)
             pci = self._call(errors, "pci_bus_id", pynvml.nvmlDeviceGetPciInfo, handle)
             gpus.append(
-                {
-                    "index": index,
-                    "uuid": self._text(uuid_) if uuid_ is not None else None,
-                    "name": self._text(name) if name is not None else None,
-                    "memory_total_bytes": int(memory.total) if memory is not None else None,
-                    "driver_version": self._text(driver) if driver is not None else None,
-                    "cuda_driver_version": (f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else None),
-                    "pci_bus_id": self._text(pci.busId) if pci is not None else None,
-                    "unknown_reasons": errors,
-                }
+                GpuFacts(
+                    index=index,
+                    uuid=self._text(uuid_) if uuid_ is not None else None,
+                    name=self._text(name) if name is not None else None,
+                    memory_total_bytes=int(memory.total) if memory is not None else None,
+                    driver_version=self._text(driver) if driver is not None else None,
+                    cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else None,
+                    pci_bus_id=self._text(pci.busId) if pci is not None else None,
+                    unknown_reasons=errors,
+                )
             )
         return gpus
 
@@ -270,7 +295,7 @@ class Preflight:
     reason: str
     code: str | None = None
     hint: str | None = None
-    gpus: list[dict[str, object]] = field(default_factory=list)
+    gpus: list[GpuFacts] = field(default_factory=list)
     samples: list[dict[str, object]] = field(default_factory=list)
 
     @property
@@ -333,17 +358,17 @@ def run_preflight(mode: str, nvml: Nvml, env: dict[str, str], root: str = "/") -
         )
     result = Preflight(True, reason, gpus=gpus)
     for gpu in gpus:
-        if gpu["uuid"] is None:
-            result.code, result.hint = NVIDIA_DEVICE_NOT_FOUND, f"GPU {gpu['index']} has no readable UUID"
+        if gpu.uuid is None:
+            result.code, result.hint = NVIDIA_DEVICE_NOT_FOUND, f"GPU {gpu.index} has no readable UUID"
             return result
-        sample, errors = nvml.sample(int(gpu["index"]), str(gpu["uuid"]))
+        sample, errors = nvml.sample(gpu.index, gpu.uuid)
         missing = [metric for metric in REQUIRED_METRICS if sample[metric] is None]
         if missing:
             detail = ", ".join(
                 f"{metric}: {errors.get(metric, errors.get('handle', 'unreadable'))}" for metric in missing
             )
             result.code = NVIDIA_TELEMETRY_UNAVAILABLE
-            result.hint = f"GPU {gpu['uuid']} telemetry unreadable ({detail})"
+            result.hint = f"GPU {gpu.uuid} telemetry unreadable ({detail})"
             return result
         result.samples.append(sample)
     return result
@@ -353,11 +378,11 @@ def preflight_report(result: Preflight) -> str:
     """A short human report of the preflight."""
     lines = [f"modelforge-node-agent {AGENT_VERSION} preflight", f"  accelerator: {result.reason}"]
     for gpu in result.gpus:
-        memory = gpu["memory_total_bytes"]
+        memory = gpu.memory_total_bytes
         memory_text = f"{memory / 2**30:.1f} GiB" if isinstance(memory, int) else "unknown"
         lines.append(
-            f"  GPU {gpu['index']}: {gpu['name']} {gpu['uuid']} {memory_text} "
-            f"driver {gpu['driver_version']} CUDA {gpu['cuda_driver_version']} PCI {gpu['pci_bus_id']}"
+            f"  GPU {gpu.index}: {gpu.name} {gpu.uuid} {memory_text} "
+            f"driver {gpu.driver_version} CUDA {gpu.cuda_driver_version} PCI {gpu.pci_bus_id}"
         )
     for sample in result.samples:
         lines.append(
@@ -461,7 +486,7 @@ def storage(directories: dict[str, Path]) -> dict[str, dict[str, object]]:
     return facts
 
 
-def collect_inventory(config: Config, gpus: list[dict[str, object]], root: str = "/") -> dict[str, object]:
+def collect_inventory(config: Config, gpus: list[GpuFacts], root: str = "/") -> dict[str, object]:
     """N4 facts as this container really has them; unknowns are None with a reason."""
     unknown: dict[str, str] = {}
     try:
@@ -493,8 +518,8 @@ def collect_inventory(config: Config, gpus: list[dict[str, object]], root: str =
         "memory_limited_by_cgroup": memory_limit is not None and (host_memory is None or memory_limit < host_memory),
         "storage": storage(config.data_dirs),
         "accelerator_mode": config.accelerator_mode,
-        "gpus": [{key: value for key, value in gpu.items() if key not in {"index", "unknown_reasons"}} for gpu in gpus],
-        "gpu_unknown_reasons": {gpu["uuid"]: gpu["unknown_reasons"] for gpu in gpus if gpu["unknown_reasons"]},
+        "gpus": [gpu.to_wire() for gpu in gpus],
+        "gpu_unknown_reasons": {gpu.uuid: gpu.unknown_reasons for gpu in gpus if gpu.unknown_reasons},
         "unknown_reasons": unknown,
         "agent": {"version": AGENT_VERSION, "python": platform.python_version()},
     }
@@ -835,13 +860,13 @@ class Agent:
         """Fresh NVML readings for every known GPU (never cached, never invented)."""
         samples, failures = [], {}
         for gpu in self.gpus:
-            sample, errors = self.nvml.sample(int(gpu["index"]), str(gpu["uuid"]))
+            sample, errors = self.nvml.sample(gpu.index, str(gpu.uuid))
             samples.append(sample)
             # A sensor the GPU does not have (NotSupported) is a fact, not a fault: it is sent as
             # null and does not degrade health. Any other failed reading does.
             errors = {metric: name for metric, name in errors.items() if name != "NVMLError_NotSupported"}
             if errors:
-                failures[str(gpu["uuid"])] = errors
+                failures[str(gpu.uuid)] = errors
         return samples, failures
 
     def maybe_publish_inventory(self, now: float) -> None:
@@ -855,8 +880,8 @@ class Agent:
                 self.gpus = self.nvml.gpus()
             except pynvml.NVMLError as error:
                 log.warning("could not re-read GPUs (%s); keeping the last inventory", type(error).__name__)
-        self.unnamed_gpus = [gpu["index"] for gpu in self.gpus if gpu["uuid"] is None]
-        self.gpus = [gpu for gpu in self.gpus if gpu["uuid"] is not None]
+        self.unnamed_gpus = [gpu.index for gpu in self.gpus if gpu.uuid is None]
+        self.gpus = [gpu for gpu in self.gpus if gpu.uuid is not None]
         inventory = collect_inventory(self.config, self.gpus)
         self.storage_problems = {
             name: str(facts["unknown_reason"])

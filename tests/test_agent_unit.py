@@ -63,8 +63,8 @@ def test_nvidia_mode_passes_with_readable_gpus(fake_nvml):
     fake_nvml({"gpus": [GPU_A, GPU_B], "driver": "550.54.14", "cuda": 12040})
     result, nvml = preflight("nvidia")
     assert result.ok and result.code is None
-    assert [gpu["uuid"] for gpu in result.gpus] == [GPU_A["uuid"], GPU_B["uuid"]]
-    first = result.gpus[0]
+    assert [gpu.uuid for gpu in result.gpus] == [GPU_A["uuid"], GPU_B["uuid"]]
+    first = result.gpus[0].to_wire()
     assert first["name"] == "NVIDIA GeForce RTX 4080"
     assert first["memory_total_bytes"] == GPU_A["memory_total"]
     assert (first["driver_version"], first["cuda_driver_version"], first["pci_bus_id"]) == (
@@ -380,3 +380,35 @@ def test_a_disabled_node_checks_every_sixteen_seconds_from_the_first_refusal(tmp
         running.handle_refusal(disabled)  # I6: not an exit, and no 1, 2, 4 s climb
     assert len(waits) == 3 and all(16 * 0.8 <= wait <= 16 * 1.2 for wait in waits)
     assert caplog.text.count("an operator disabled this node; checking every 16s") == 1
+
+
+def test_gpu_facts_go_on_the_wire_as_the_six_n4_fields_only(tmp_path, fake_nvml):
+    fake_nvml({"gpus": [{**GPU_A, "errors": {"pci": "NVMLError_NotSupported"}}], "driver": "550.54.14", "cuda": 12040})
+    result, nvml = preflight("nvidia")
+    (gpu,) = result.gpus
+    assert gpu == agent.GpuFacts(
+        index=0,
+        uuid=GPU_A["uuid"],
+        name="NVIDIA GeForce RTX 4080",
+        memory_total_bytes=17_171_480_576,
+        driver_version="550.54.14",
+        cuda_driver_version="12.4",
+        pci_bus_id=None,  # P3: unreadable is None with a reason, never invented
+        unknown_reasons={"pci_bus_id": "NVMLError_NotSupported"},
+    )
+    wire = {
+        "uuid": GPU_A["uuid"],
+        "name": "NVIDIA GeForce RTX 4080",
+        "memory_total_bytes": 17_171_480_576,
+        "driver_version": "550.54.14",
+        "cuda_driver_version": "12.4",
+        "pci_bus_id": None,
+    }
+    assert gpu.to_wire() == wire and list(gpu.to_wire()) == list(wire)  # no index, no error records
+    config = agent.load_config(
+        {"MODELFORGE_AGENT_CONTROL_PLANE_URL": "https://cp.lan", "MODELFORGE_AGENT_STATE_DIR": str(tmp_path)}
+    )
+    facts = agent.collect_inventory(config, [gpu], root=str(tmp_path))
+    assert facts["gpus"] == [wire]
+    assert facts["gpu_unknown_reasons"] == {GPU_A["uuid"]: {"pci_bus_id": "NVMLError_NotSupported"}}
+    nvml.shutdown()
