@@ -891,7 +891,25 @@ class Agent:
         digest = hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
         if digest == self.inventory_digest and now - self.inventory_sent_at < INVENTORY_MAX_AGE_SECONDS:
             return
-        reply = self.client.post("/api/v1/agent/inventory", {**self.versions(), "inventory": inventory})
+        self.send_inventory(inventory, digest, now)
+
+    def send_inventory(self, inventory: dict[str, object], digest: str, now: float) -> None:
+        """POST the inventory; a refusal (400, 413) never stops heartbeats, other failures re-raise."""
+        try:
+            reply = self.client.post("/api/v1/agent/inventory", {**self.versions(), "inventory": inventory})
+        except PublishError as error:
+            if error.status in (400, 413):
+                # The server refused this inventory (too large, a field it rejects): say so, keep
+                # beating, and try again at the next inventory check.
+                log.warning(
+                    "%s: inventory refused; heartbeats continue, retrying in %gs",
+                    error.describe(),
+                    INVENTORY_CHECK_SECONDS,
+                )
+                return
+            # Not delivered: mark it due, so it goes out first once the control plane answers.
+            self.inventory_digest = self.inventory_checked_at = None
+            raise
         self.take_interval(reply)
         self.inventory_digest, self.inventory_sent_at = digest, now
         log.info("inventory published: %d GPU(s)", len(inventory["gpus"]))
@@ -905,16 +923,7 @@ class Agent:
 
     def publish_once(self) -> None:
         """Inventory if due, then one heartbeat, which an inventory the server refuses never blocks."""
-        try:
-            self.maybe_publish_inventory(time.monotonic())
-        except PublishError as error:
-            if error.status not in (400, 413):
-                raise
-            # The server refused this inventory (too large, a field it rejects): say so, keep
-            # beating, and try again at the next inventory check.
-            log.warning(
-                "%s: inventory refused; heartbeats continue, retrying in %gs", error.describe(), INVENTORY_CHECK_SECONDS
-            )
+        self.maybe_publish_inventory(time.monotonic())
         self.heartbeat()
 
     def start(self) -> None:
@@ -942,8 +951,6 @@ class Agent:
                     self.handle_refusal(error)
                 else:
                     self.wait_after(error)
-                if error.path.endswith("inventory"):
-                    self.inventory_digest = self.inventory_checked_at = None  # send it first once back
                 next_beat = time.monotonic()
                 continue
             if self.backoff.attempt:

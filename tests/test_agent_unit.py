@@ -362,7 +362,8 @@ def test_a_held_backoff_waits_the_maximum_until_the_next_success():
     assert [backoff.next_delay() for _ in range(3)] == [1, 2, 4]
 
 
-def test_a_disabled_node_checks_every_sixteen_seconds_from_the_first_refusal(tmp_path, caplog, monkeypatch):
+def cpu_agent(tmp_path) -> agent.Agent:
+    """A CPU-only agent holding a stored credential, so it never enrols."""
     config = agent.load_config(
         {
             "MODELFORGE_AGENT_CONTROL_PLANE_URL": "http://127.0.0.1:9",
@@ -370,7 +371,13 @@ def test_a_disabled_node_checks_every_sixteen_seconds_from_the_first_refusal(tmp
             "MODELFORGE_AGENT_ACCELERATOR_MODE": "cpu",
         }
     )
-    running = agent.Agent(config, agent.Nvml(), agent.run_preflight("cpu", agent.Nvml(), {}), threading.Event())
+    agent.ensure_state_dir(config)
+    (tmp_path / "state" / "node-credential").write_text("mfn_" + "c" * 43)
+    return agent.Agent(config, agent.Nvml(), agent.run_preflight("cpu", agent.Nvml(), {}), threading.Event())
+
+
+def test_a_disabled_node_checks_every_sixteen_seconds_from_the_first_refusal(tmp_path, caplog, monkeypatch):
+    running = cpu_agent(tmp_path)
     waits = []
     running.stop.wait = lambda seconds: waits.append(seconds) or False
     disabled = agent.PublishError("POST", "/api/v1/agent/heartbeat", "HTTPError", 403, "NODE_DISABLED")
@@ -412,3 +419,48 @@ def test_gpu_facts_go_on_the_wire_as_the_six_n4_fields_only(tmp_path, fake_nvml)
     assert facts["gpus"] == [wire]
     assert facts["gpu_unknown_reasons"] == {GPU_A["uuid"]: {"pci_bus_id": "NVMLError_NotSupported"}}
     nvml.shutdown()
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        agent.PublishError("POST", "/api/v1/agent/inventory", "ConnectError"),
+        agent.PublishError("POST", "/api/v1/agent/inventory", "HTTPError", 503),
+        agent.PublishError("POST", "/api/v1/agent/inventory", "HTTPError", 403, "NODE_DISABLED"),
+    ],
+)
+def test_an_undelivered_inventory_goes_out_first_when_the_server_is_back(tmp_path, failure):
+    running = cpu_agent(tmp_path)
+    running.stop.wait = lambda seconds: False
+    sent = []
+
+    def post(path, body):
+        sent.append(path.rsplit("/", 1)[1])
+        if len(sent) == 1:
+            raise failure
+        return {}
+
+    running.client.post = post
+    assert running.run(once=True) == 0
+    # Unchanged and only moments later, yet sent again: it never arrived the first time.
+    assert sent == ["inventory", "inventory", "heartbeat"]
+
+
+def test_a_refused_inventory_waits_for_the_next_check_while_heartbeats_go_on(tmp_path):
+    running = cpu_agent(tmp_path)
+    sent = []
+
+    def post(path, body):
+        sent.append(path.rsplit("/", 1)[1])
+        if path.endswith("inventory"):
+            raise agent.PublishError("POST", path, "HTTPError", 413, "BODY_TOO_LARGE")
+        return {}
+
+    running.client.post = post
+    running.start()
+    for _ in range(3):
+        running.publish_once()
+    assert sent == ["inventory", "heartbeat", "heartbeat", "heartbeat"]
+    running.inventory_checked_at -= agent.INVENTORY_CHECK_SECONDS  # a minute on: the next check
+    running.publish_once()
+    assert sent[-2:] == ["inventory", "heartbeat"]
