@@ -62,7 +62,7 @@ log = logging.getLogger("modelforge_node_agent")
 
 
 class ConfigError(Exception):
-    """A setting is missing or invalid; the message names the variable (exit 2)."""
+    """A setting is missing or invalid; the message names the variable. main() exits 2 with it."""
 
 
 @dataclass(frozen=True)
@@ -751,15 +751,13 @@ class Agent:
         return {"protocol_version": PROTOCOL_VERSION, "agent_version": AGENT_VERSION}
 
     def enroll(self, node_id: str) -> None:
-        """Claim the token once, or exit 4 naming the reason (E2, E3, I2)."""
+        """Claim the token once, or exit 4 naming the reason (E2, E3, I2); no token is a ConfigError."""
         token = self.config.enrollment_token
         if not token:
-            log.error(
-                "no stored credential in %s and no MODELFORGE_AGENT_ENROLLMENT_TOKEN; mint a token in "
-                "Console → Hardware → Enroll node",
-                self.state.credential_path,
+            raise ConfigError(
+                f"no stored credential in {self.state.credential_path} and no MODELFORGE_AGENT_ENROLLMENT_TOKEN; "
+                "mint a token in Console → Hardware → Enroll node"
             )
-            raise Exit(EXIT_CONFIG)
         body = {
             "enrollment_token": token,
             "node_id": node_id,
@@ -980,8 +978,8 @@ def configure_logging() -> None:
     log.propagate = False
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the agent; returns the process exit code."""
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line: --preflight, --once, --version."""
     parser = argparse.ArgumentParser(
         prog="python3 -m modelforge_node_agent",
         description="ModelForge node agent: enrols once, then publishes inventory, health and GPU "
@@ -996,16 +994,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {AGENT_VERSION} (protocol {PROTOCOL_VERSION})"
     )
-    args = parser.parse_args(argv)
-    configure_logging()
-    env = dict(os.environ)
+    return parser.parse_args(argv)
 
-    try:
-        config = load_config(env, need_url=not args.preflight)
-    except ConfigError as error:
-        print(f"modelforge-node-agent: configuration error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
 
+def run_agent(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """Configure, preflight, then run; raises ConfigError for any setting that stops the agent."""
+    config = load_config(env, need_url=not args.preflight)
     nvml = Nvml()
     result = run_preflight(config.accelerator_mode, nvml, env)
     if args.preflight:
@@ -1022,12 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
             "MODELFORGE_AGENT_TLS_VERIFY=false: the control plane's certificate is NOT verified. "
             "Use MODELFORGE_AGENT_CA_CERT_PATH for a private CA instead"
         )
-    try:
-        ensure_state_dir(config)
-    except ConfigError as error:
-        print(f"modelforge-node-agent: configuration error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-
+    ensure_state_dir(config)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -1038,11 +1027,19 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     log.info("modelforge-node-agent %s (protocol %d) starting; %s", AGENT_VERSION, PROTOCOL_VERSION, result.reason)
+    return Agent(config, nvml, result, stop).run(once=args.once)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the agent; returns the process exit code."""
+    args = parse_args(argv)
+    configure_logging()
     try:
-        return Agent(config, nvml, result, stop).run(once=args.once)
+        return run_agent(args, dict(os.environ))
     except Exit as done:
         return done.code
     except ConfigError as error:
+        # The one exit 2: a single line naming the setting, whichever step refused it.
         print(f"modelforge-node-agent: configuration error: {error}", file=sys.stderr)
         return EXIT_CONFIG
 

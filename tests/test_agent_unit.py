@@ -464,3 +464,49 @@ def test_a_refused_inventory_waits_for_the_next_check_while_heartbeats_go_on(tmp
     running.inventory_checked_at -= agent.INVENTORY_CHECK_SECONDS  # a minute on: the next check
     running.publish_once()
     assert sent[-2:] == ["inventory", "heartbeat"]
+
+
+@pytest.fixture
+def run_main(tmp_path, monkeypatch, capsys):
+    """agent.main() in this process with only the given MODELFORGE_AGENT_* settings; returns (code, out, err)."""
+    level, propagate = agent.log.level, agent.log.propagate
+    monkeypatch.setattr(agent.log, "handlers", [])  # configure_logging() fills a list we throw away
+    monkeypatch.setattr(agent.signal, "signal", lambda signum, handler: None)  # keep pytest's handlers
+    for name in list(agent.os.environ):
+        if name.startswith("MODELFORGE_AGENT_") or name == "NVIDIA_VISIBLE_DEVICES":
+            monkeypatch.delenv(name)
+
+    def run(**env: str) -> tuple[int, str, str]:
+        settings = {
+            "MODELFORGE_AGENT_CONTROL_PLANE_URL": "http://127.0.0.1:9",
+            "MODELFORGE_AGENT_ACCELERATOR_MODE": "cpu",
+            "MODELFORGE_AGENT_STATE_DIR": str(tmp_path / "state"),
+            **env,
+        }
+        for name, value in settings.items():
+            monkeypatch.setenv(name, value)
+        code = agent.main([])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    yield run
+    agent.log.setLevel(level)
+    agent.log.propagate = propagate
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"MODELFORGE_AGENT_ACCELERATOR_MODE": "tpu"}, "MODELFORGE_AGENT_ACCELERATOR_MODE"),  # load_config
+        ({"MODELFORGE_AGENT_STATE_DIR": "/proc/version/state"}, "MODELFORGE_AGENT_STATE_DIR"),  # ensure_state_dir
+        ({}, "no MODELFORGE_AGENT_ENROLLMENT_TOKEN"),  # the agent, at enrolment, with nothing to enrol with
+    ],
+)
+def test_every_configuration_error_exits_2_with_one_line(run_main, env, named):
+    code, out, err = run_main(**env)
+    assert code == agent.EXIT_CONFIG == 2
+    *before, line = err.splitlines()
+    assert line.startswith("modelforge-node-agent: configuration error: ") and named in line
+    # Said once, last; at most the start-up line comes before it (once the agent got that far).
+    assert all("starting" in earlier and named not in earlier for earlier in before) and len(before) <= 1
+    assert out == ""
