@@ -2,6 +2,7 @@
 
 Pure functions: no Flask, no database. Nothing here ever sees a token or a credential; the
 snippets read them on the node from a hidden prompt, so no secret is ever part of this text (P2).
+The Bash itself is in snippets/*.sh beside this module; the functions here fill those templates.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
 from urllib.parse import urlsplit
 
 from app.release_manifest import NODE_AGENT, ImageRecord, record_from_json
@@ -177,212 +180,55 @@ def env_file(env: AgentEnv) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Shared by both secret-reading snippets (C4, I5). It runs in a subshell so `set -e`, the traps
-# and `exit` never touch the admin's interactive shell. Tracing goes off first, and that line is
-# not traced itself. The traps remove the temporary secret file on success, on error and on
-# HUP/INT/TERM (exit 128+signal); the file variable is empty until mktemp has made the file.
-_PREAMBLE = """\
-(
-  { set +x; } 2>/dev/null
-  set -euo pipefail
-  umask 077
-  secret_file=''
-  trap 'if [[ -n "$secret_file" ]]; then rm -f -- "$secret_file"; fi' EXIT
-  trap 'exit 129' HUP
-  trap 'exit 130' INT
-  trap 'exit 143' TERM
-  trap 'echo "modelforge: stopped after an error; no secret file is left behind." >&2' ERR
-  for required in .env __COMPOSE__; do
-    if [[ ! -f "$required" ]]; then
-      echo "modelforge: no $required in $PWD; cd to the deploy/ directory that holds .env and __COMPOSE__." >&2
-      exit 1
-    fi
-  done
-  if ! command -v docker >/dev/null; then
-    echo "modelforge: docker is not on PATH; install Docker with Compose v2 first." >&2
-    exit 1
-  fi
-"""
+# The Bash lives in snippets/*.sh beside this module, each a file shellcheck reads. A template's
+# header, everything up to its first empty line, says why its Bash reads as it does and is left
+# out of the snippet. @@NAME@@ marks what is filled in: nothing in Bash or in the Go templates
+# handed to `--format` ({{...}}) is written that way.
+_MARKER = re.compile(r"^@@(?P<lines>[A-Z_]+)@@\n|@@(?P<word>[A-Z_]+)@@", re.MULTILINE)
 
 
-def _read_secret(variable: str, prompt: str, kind: str, prefix: str, outcome: str) -> str:
-    """Bash lines that read one secret from a hidden prompt into `variable` and refuse a wrong one.
-
-    One place for both snippets (C4, I5): no echo, pasted whitespace dropped, and the charset check
-    also keeps the value a valid .env line (P2). The secret is never echoed back, even when refused.
-    """
-    return f"""\
-  {variable}=''
-  IFS= read -rs -p 'Paste {prompt} (input hidden): ' {variable} || true
-  printf '\\n' >&2
-  {variable}=${{{variable}//[[:space:]]/}}
-  if [[ ! "${variable}" =~ ^{prefix}[[:alnum:]_-]+$ ]]; then
-    echo "modelforge: that is not {kind} (they start with {prefix}); nothing was {outcome}." >&2
-    exit 1
-  fi
-"""
-
-
-# D5: before the token is asked for, the loaded image must be the release's: tag, architecture,
-# OS, RootFS layers, what it runs (entrypoint, cmd, env, user, working dir, volumes, ports) and
-# every recorded label (a Go template each, so Docker itself reads them).
-# The image ID is not compared, since `docker image load` may rewrite it; it is captured instead,
-# and the container must be created from exactly that image (checked before it starts, below).
-_RELEASE_IMAGE_CHECK = """\
-  image=__IMAGE__
-  if ! image_id=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null); then
-    echo "modelforge: there is no image $image on this node. Check the release with sha256sum -c SHA256SUMS," \\
-      "then load its bundle: docker image load -i __BUNDLE__" >&2
-    exit 1
-  fi
-  mismatch=''
-  expect_image() {
-    local found
-    found=$(docker image inspect --format "$2" "$image")
-    if [[ "$found" != "$3" ]]; then mismatch+="  $1: expected '$3', found '$found'"$'\\n'; fi
-  }
-__EXPECTATIONS__
-  if [[ -n "$mismatch" ]]; then
-    printf 'modelforge: %s is not the release image in the manifest; nothing was started:\\n%s' "$image" "$mismatch" >&2
-    exit 1
-  fi
-  export MODELFORGE_NODE_AGENT_IMAGE="$image"
-"""
-
-# The container is created, not started, and must have been created from exactly the image
-# checked above; only then does it start, so a different image never runs with the token.
-_CREATE_CHECK_START = """\
-  docker compose --env-file "$secret_file" -f __COMPOSE__ up --no-start --no-build --pull never node-agent
-  container_id=$(docker compose --env-file "$secret_file" -f __COMPOSE__ ps -a -q node-agent)
-  created_from=$(docker inspect --format '{{.Image}}' "$container_id")
-  if [[ "$created_from" != "$image_id" ]]; then
-    docker compose --env-file "$secret_file" -f __COMPOSE__ rm -f -s node-agent
-    echo "modelforge: node-agent was created from image $created_from, not the checked $image_id;" \\
-      "it was removed before it started." >&2
-    exit 1
-  fi
-  docker compose --env-file "$secret_file" -f __COMPOSE__ start node-agent
-"""
-
-# C4: the token goes from a hidden prompt into a mode-0600 temp file through the printf builtin,
-# so it is never echoed, traced, in the shell history or in any process's argv. The temp file is
-# the token line followed by .env (less any token line of its own), given to Compose as its only
-# --env-file: every Compose v2 reads one env file, while a second --env-file is honoured only from
-# 2.17 on (earlier ones silently use just the last). The token comes first so that a malformed
-# .env line, which some Compose versions report with the rest of the file, is never reported with
-# the token. The file is gone when the subshell ends. The charset check also keeps the token line
-# parseable (P2).
-_START_HOSTNAME = """\
-  # I4: inside the container the agent sees only the container's name, which changes on every
-  # recreate; the node's own name goes into .env once, so duplicate identities stay visible.
-  hostname_setting='^[[:space:]]*(export[[:space:]]+)?MODELFORGE_AGENT_HOSTNAME[[:space:]]*=[[:space:]]*[^[:space:]#]'
-  if ! grep -Eq "$hostname_setting" .env; then
-    node_hostname=$(uname -n)
-    if [[ ! "$node_hostname" =~ ^[A-Za-z0-9][A-Za-z0-9.-]*$ ]]; then
-      echo "modelforge: set MODELFORGE_AGENT_HOSTNAME in .env to this node's host name first." >&2
-      exit 1
-    fi
-    if [[ -s .env && -n "$(tail -c 1 .env)" ]]; then echo >>.env; fi
-    echo "MODELFORGE_AGENT_HOSTNAME=$node_hostname" >>.env
-    echo "modelforge: added MODELFORGE_AGENT_HOSTNAME=$node_hostname to .env." >&2
-  fi
-"""
-
-_WRITE_TOKEN_FILE = """\
-  secret_file=$(mktemp "${TMPDIR:-/tmp}/modelforge-enrol.XXXXXXXXXX")
-  chmod 600 -- "$secret_file"
-  builtin printf 'MODELFORGE_AGENT_ENROLLMENT_TOKEN=%s\\n' "$token" >"$secret_file"
-  unset token MODELFORGE_AGENT_ENROLLMENT_TOKEN
-  token_setting='^[[:space:]]*(export[[:space:]]+)?MODELFORGE_AGENT_ENROLLMENT_TOKEN[[:space:]]*='
-  grep -Ev "$token_setting" .env >>"$secret_file" || true
-  echo "modelforge: starting node-agent; the token is in a mode-0600 temp file, removed when this ends." >&2
-"""
-
-_UP = """\
-  docker compose --env-file "$secret_file" -f __COMPOSE__ up -d__UP_FLAGS__ node-agent
-"""
-
-_START_DONE = """\
-  echo "modelforge: started. When the console shows the node ready, run the recreate command." >&2
-)"""
-
-# Start and recreate never build a release or pinned image, and never pull a release (D5, seed).
-_UP_FLAGS = {"release": " --no-build --pull never", "digest": " --no-build", "local": ""}
-
-# I3: the state volume keeps identity and credential, so the container is recreated from .env
-# alone; `env -u` also keeps a token still exported in the admin's shell out of it.
-_RECREATE = (
-    "# Recreate node-agent without the enrolment token; identity and credential stay in the state volume.\n"
-    "env -u MODELFORGE_AGENT_ENROLLMENT_TOKEN__UNSET_IMAGE__ docker compose --env-file .env -f __COMPOSE__"
-    " up -d --force-recreate__UP_FLAGS__ node-agent"
-)
-
-# I5, I2: after a rotation the new credential goes into <state>/node-credential exactly as the
-# agent writes it (write_private_file: the text plus "\n", mode 0600, atomic rename; the agent's
-# State._read_state strips the newline). The temp file is made inside the state directory so the
-# rename is atomic, and is prepared (written, chmod, chown) before anything is stopped, so a
-# failure leaves the node as it was. The state directory is taken from .env and exported, so
-# Compose mounts exactly the directory written to. Only host paths: a named volume has no path
-# the admin can write to here.
-_REPLACE_CREDENTIAL = (
-    "# ModelForge: install a rotated node credential into the agent's state directory. Paste in deploy/, as root.\n"
-    + _PREAMBLE
-    + """\
-  state_dir=''
-  setting='^[[:space:]]*(export[[:space:]]+)?MODELFORGE_AGENT_STATE_VOLUME[[:space:]]*[=:][[:space:]]*(.*)$'
-  while IFS= read -r line || [[ -n "$line" ]]; do
-    if [[ "$line" =~ $setting ]]; then state_dir=${BASH_REMATCH[2]}; fi
-  done <.env
-  single_quoted="^'([^']*)'"
-  double_quoted='^"([^"\\\\$]*)"'
-  if [[ "$state_dir" =~ $single_quoted || "$state_dir" =~ $double_quoted ]]; then
-    state_dir=${BASH_REMATCH[1]}
-  elif [[ "$state_dir" == [\\'\\"]* || "$state_dir" == *'$'* ]]; then
-    echo "modelforge: write MODELFORGE_AGENT_STATE_VOLUME in .env as a plain path (no \\$ or escapes)." >&2
-    exit 1
-  else
-    state_dir=${state_dir%% #*}
-    state_dir=${state_dir%"${state_dir##*[![:space:]]}"}
-  fi
-  if [[ "$state_dir" != /* || ! -d "$state_dir" ]]; then
-    echo "modelforge: MODELFORGE_AGENT_STATE_VOLUME in .env must be the absolute path of an existing host" \\
-      "directory (now: '${state_dir}'). Named Docker volumes are not supported here: use a host path." >&2
-    exit 1
-  fi
-  if [[ -n "${MODELFORGE_AGENT_STATE_VOLUME:-}" && "$MODELFORGE_AGENT_STATE_VOLUME" != "$state_dir" ]]; then
-    echo "modelforge: your shell exports MODELFORGE_AGENT_STATE_VOLUME=$MODELFORGE_AGENT_STATE_VOLUME but .env" \\
-      "says $state_dir; unset it or make them agree." >&2
-    exit 1
-  fi
-  export MODELFORGE_AGENT_STATE_VOLUME="$state_dir"
-  unset MODELFORGE_AGENT_ENROLLMENT_TOKEN
-"""
-    + _read_secret("credential", "the new node credential", "a node credential", "mfn_", "changed")
-    + """\
-  secret_file=$(mktemp "$state_dir/.node-credential.XXXXXXXXXX")
-  chmod 600 -- "$secret_file"
-  builtin printf '%s\\n' "$credential" >"$secret_file"
-  unset credential
-  if ! chown -- 65532:65532 "$secret_file"; then
-    echo "modelforge: cannot give the credential file to the agent's user (65532:65532); nothing was" \\
-      "changed. Open a root shell (sudo -i), cd back to this directory and paste this again." >&2
-    exit 1
-  fi
-  sync
-  echo "modelforge: stopping node-agent, replacing $state_dir/node-credential, recreating node-agent." >&2
-  docker compose --env-file .env -f __COMPOSE__ stop node-agent
-  mv -f -- "$secret_file" "$state_dir/node-credential"
-  secret_file=''
-  sync
-  docker compose --env-file .env -f __COMPOSE__ up -d --force-recreate node-agent
-  echo "modelforge: done; the node should show online again in the console within a minute." >&2
-)"""
-)
+@cache
+def _template(name: str) -> str:
+    """The text of snippets/`name` below its header."""
+    text = (files(__package__) / "snippets" / name).read_text(encoding="utf-8")
+    _header, blank_line, body = text.partition("\n\n")
+    if not blank_line:
+        raise ValueError(f"snippets/{name} needs a header comment and an empty line before its Bash")
+    return body
 
 
 def _fill(template: str, **values: str) -> str:
-    """Replace each __NAME__ marker in one pass, so nothing inserted is ever scanned for markers."""
-    return re.sub(r"__([A-Z_]+?)__", lambda marker: values[marker.group(1)], template)
+    """snippets/`template` with each @@NAME@@ marker replaced in one pass, so nothing inserted is
+    ever scanned for markers. A marker alone on its line stands for whole lines: its value is empty
+    or ends in a newline, and takes the marker's line."""
+    unused = set(values)
+
+    def value(marker: re.Match[str]) -> str:
+        name = marker["lines"] or marker["word"]
+        unused.discard(name)
+        text = values[name]
+        if marker["lines"] and text and not text.endswith("\n"):
+            raise ValueError(f"@@{name}@@ in snippets/{template} stands for whole lines, each ending in a newline")
+        return text
+
+    filled = _MARKER.sub(value, _template(template))
+    if unused:
+        raise KeyError(f"snippets/{template} has no marker for {', '.join(sorted(unused))}")
+    return filled
+
+
+def _whole_snippet(template: str, **values: str) -> str:
+    """A snippet as the admin copies it: it ends with its last command, not the file's newline."""
+    return _fill(template, **values).removesuffix("\n")
+
+
+def _preamble() -> str:
+    return _fill("preamble.sh", COMPOSE=COMPOSE_FILE)
+
+
+def _read_secret(variable: str, prompt: str, kind: str, prefix: str, outcome: str) -> str:
+    """Bash lines that read one secret from a hidden prompt into `variable` and refuse a wrong one."""
+    return _fill("read-secret.sh", VARIABLE=variable, PROMPT=prompt, KIND=kind, PREFIX=prefix, OUTCOME=outcome)
 
 
 def _bash_literal(value: str) -> str:
@@ -399,7 +245,7 @@ def _bash_literal(value: str) -> str:
 
 
 def _expect(what: str, template: str, expected: str) -> str:
-    return f"  expect_image {shlex.quote(what)} {_bash_literal(template)} {_bash_literal(expected)}"
+    return f"  expect_image {shlex.quote(what)} {_bash_literal(template)} {_bash_literal(expected)}\n"
 
 
 def _listed(items: tuple[str, ...]) -> str:
@@ -411,26 +257,21 @@ def _listed(items: tuple[str, ...]) -> str:
 # Go templates for the image config (D5). Slices and maps print the same through Docker's CLI and
 # podman's; maps are visited in sorted key order, as the manifest stores them.
 _LIST_TEMPLATES = {
-    "entrypoint": '{{len .Config.Entrypoint}}{{range .Config.Entrypoint}}{{"\\n"}}{{.}}{{end}}{{"\\n."}}',
-    "cmd": '{{len .Config.Cmd}}{{range .Config.Cmd}}{{"\\n"}}{{.}}{{end}}{{"\\n."}}',
-    "env": '{{len .Config.Env}}{{range .Config.Env}}{{"\\n"}}{{.}}{{end}}{{"\\n."}}',
-    "volumes": '{{len .Config.Volumes}}{{range $path, $unused := .Config.Volumes}}{{"\\n"}}{{$path}}{{end}}{{"\\n."}}',
+    "entrypoint": r'{{len .Config.Entrypoint}}{{range .Config.Entrypoint}}{{"\n"}}{{.}}{{end}}{{"\n."}}',
+    "cmd": r'{{len .Config.Cmd}}{{range .Config.Cmd}}{{"\n"}}{{.}}{{end}}{{"\n."}}',
+    "env": r'{{len .Config.Env}}{{range .Config.Env}}{{"\n"}}{{.}}{{end}}{{"\n."}}',
+    "volumes": r'{{len .Config.Volumes}}{{range $path, $unused := .Config.Volumes}}{{"\n"}}{{$path}}{{end}}{{"\n."}}',
     "exposed_ports": (
-        '{{len .Config.ExposedPorts}}{{range $port, $unused := .Config.ExposedPorts}}{{"\\n"}}{{$port}}{{end}}'
-        '{{"\\n."}}'
+        r'{{len .Config.ExposedPorts}}{{range $port, $unused := .Config.ExposedPorts}}{{"\n"}}{{$port}}{{end}}'
+        r'{{"\n."}}'
     ),
 }
 _STRING_TEMPLATES = {"user": "{{.Config.User}}", "working_dir": "{{.Config.WorkingDir}}"}
 
 
-def _release_expectations(record: ImageRecord) -> str:
-    """One `expect_image` line per fact the release manifest records about the image (D5)."""
-    layers = " \\\n".join(f"      {layer}" for layer in record.rootfs_layers)
-    lines = [
-        f"  expect_image architecture '{{{{.Architecture}}}}' {record.architecture}",  # [a-z0-9_]+
-        f"  expect_image os '{{{{.Os}}}}' {record.os}",
-        "  expect_image 'RootFS layers' '{{range .RootFS.Layers}}{{.}} {{end}}' \"$(printf '%s ' \\\n" + layers + ')"',
-    ]
+def _config_and_label_expectations(record: ImageRecord) -> str:
+    """One `expect_image` line per config setting and label the release manifest records (D5)."""
+    lines = []
     for name, template in _LIST_TEMPLATES.items():
         lines.append(_expect(f"config {name}", template, _listed(record.setting(name))))
     for name, template in _STRING_TEMPLATES.items():
@@ -438,34 +279,46 @@ def _release_expectations(record: ImageRecord) -> str:
     for key, value in record.labels:
         # _LABEL_KEY keeps quotes and backslashes out of the key, so it sits safely in the template;
         # label values are never empty, so a missing label (printed as "") cannot pass.
-        lines.append(_expect(f"label {key}", f'{{{{index .Config.Labels "{key}"}}}}', value))
-    return "\n".join(lines) + "\n"
+        lines.append(_expect(f"label {key}", '{{index .Config.Labels "' + key + '"}}', value))
+    return "".join(lines)
+
+
+def _image_check(source: ImageSource) -> str:
+    """What the start command checks about the image before it asks for the token (D5)."""
+    if source.release is not None:
+        return _fill(
+            "check-release-image.sh",
+            IMAGE=shlex.quote(source.reference),
+            BUNDLE=f"modelforge-{source.release.version}-images.tar",
+            ARCHITECTURE=source.release.architecture,  # record_from_json: [a-z0-9_]+, as is OS
+            OS=source.release.os,
+            LAYERS=" \\\n      ".join(source.release.rootfs_layers),
+            EXPECTATIONS=_config_and_label_expectations(source.release),
+        )
+    if source.kind == "digest":
+        return _fill("use-pinned-image.sh")
+    return ""
+
+
+# Start and recreate never build a release or pinned image, and never pull a release (D5, seed).
+_UP_FLAGS = {"release": " --no-build --pull never", "digest": " --no-build", "local": ""}
+
+
+def _start_agent(source: ImageSource) -> str:
+    if source.release is not None:
+        return _fill("create-check-start.sh", COMPOSE=COMPOSE_FILE)
+    return _fill("up.sh", COMPOSE=COMPOSE_FILE, UP_FLAGS=_UP_FLAGS[source.kind])
 
 
 def start_command(source: ImageSource = LOCAL_BUILD) -> str:
     """The Bash snippet that starts the agent with a token read from a hidden prompt (C4, D5)."""
-    parts = [
-        "# ModelForge: start the node agent with the one-time enrolment token. Paste in deploy/.\n",
-        _fill(_PREAMBLE, COMPOSE=COMPOSE_FILE),
-    ]
-    if source.release is not None:
-        parts.append(_fill(
-            _RELEASE_IMAGE_CHECK,
-            IMAGE=shlex.quote(source.reference),
-            BUNDLE=f"modelforge-{source.release.version}-images.tar",
-            EXPECTATIONS=_release_expectations(source.release).rstrip("\n"),
-        ))  # fmt: skip
-    elif source.kind == "digest":
-        parts.append("  unset MODELFORGE_NODE_AGENT_IMAGE  # the pinned image in .env is the one that runs\n")
-    parts += [
-        _fill(_START_HOSTNAME),
-        _read_secret("token", "the one-time enrolment token", "an enrolment token", "mfe_", "started"),
-        _WRITE_TOKEN_FILE,
-        _fill(_CREATE_CHECK_START if source.release is not None else _UP, COMPOSE=COMPOSE_FILE,
-              UP_FLAGS=_UP_FLAGS[source.kind]),
-        _START_DONE,
-    ]  # fmt: skip
-    return "".join(parts)
+    return _whole_snippet(
+        "start.sh",
+        PREAMBLE=_preamble(),
+        IMAGE_CHECK=_image_check(source),
+        READ_TOKEN=_read_secret("token", "the one-time enrolment token", "an enrolment token", "mfe_", "started"),
+        START_AGENT=_start_agent(source),
+    )
 
 
 def recreate_command(source: ImageSource = LOCAL_BUILD) -> str:
@@ -475,9 +328,14 @@ def recreate_command(source: ImageSource = LOCAL_BUILD) -> str:
     dropped too, so the image named in .env is the one that runs (Compose prefers the shell's).
     """
     unset_image = "" if source.kind == "local" else " -u MODELFORGE_NODE_AGENT_IMAGE"
-    return _fill(_RECREATE, COMPOSE=COMPOSE_FILE, UNSET_IMAGE=unset_image, UP_FLAGS=_UP_FLAGS[source.kind])
+    return _whole_snippet("recreate.sh", COMPOSE=COMPOSE_FILE, UNSET_IMAGE=unset_image, UP_FLAGS=_UP_FLAGS[source.kind])
 
 
 def replace_credential_command() -> str:
     """The Bash snippet that installs a rotated credential into the agent's state directory (I5)."""
-    return _fill(_REPLACE_CREDENTIAL, COMPOSE=COMPOSE_FILE)
+    return _whole_snippet(
+        "replace-credential.sh",
+        PREAMBLE=_preamble(),
+        READ_CREDENTIAL=_read_secret("credential", "the new node credential", "a node credential", "mfn_", "changed"),
+        COMPOSE=COMPOSE_FILE,
+    )
