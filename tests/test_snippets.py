@@ -6,10 +6,15 @@ backslashes, unicode and template-marker look-alikes; a digest-pinned registry i
 build), the credential snippet and the .env. A change to how the text is built must leave it as it
 was; a change meant to alter it regenerates the files with `python -m tests.test_snippets` and shows
 the difference in the commit.
+
+Every .sh template under app/console/snippets/, read as a file, and every generated snippet pass
+shellcheck.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,8 +32,10 @@ from app.console.commands import (
     start_command,
 )
 from app.release_manifest import NODE_AGENT, record_from_json
+from tests.support import PROJECT_ROOT
 
 GOLDEN = Path(__file__).parent / "data" / "snippets"
+TEMPLATES = sorted((PROJECT_ROOT / "app" / "console" / "snippets").glob("*.sh"))
 URL = "https://mf.lan:8000"
 
 # Every kind of text a pasted manifest entry may carry into the start command (D5): shell syntax,
@@ -129,6 +136,53 @@ def test_generated_text_is_byte_identical_to_its_golden_file(name):
 def test_every_golden_file_belongs_to_a_case():
     """A golden file left behind by a removed case would check nothing."""
     assert sorted(path.stem for path in GOLDEN.glob("*.golden")) == sorted(CASES)
+
+
+def shellcheck(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["shellcheck", str(path)], capture_output=True, text=True, timeout=30)
+
+
+def test_the_templates_are_found():
+    """The parametrised check below is not vacuous: it sees the whole snippets at least."""
+    assert {"start.sh", "recreate.sh", "replace-credential.sh"} <= {path.name for path in TEMPLATES}
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda path: path.name)
+def test_every_template_passes_shellcheck_as_a_file(template, tmp_path):
+    """C4: each .sh template, header included, is Bash that shellcheck reads on its own.
+
+    Markers get harmless values first: a marker alone on its line (a part filled in elsewhere)
+    goes, any other becomes a plain word. The header names the shell, so no -s is given.
+    """
+    text = template.read_text(encoding="utf-8")
+    assert text.startswith("# shellcheck shell=bash") and "\n\n" in text
+    harmless = re.sub(r"@@[A-Z_]+@@", "placeholder", re.sub(r"(?m)^@@[A-Z_]+@@\n", "", text))
+    checked = tmp_path / template.name
+    checked.write_text(harmless, encoding="utf-8")
+    result = shellcheck(checked)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+BASH_CASES = sorted(name for name in CASES if not name.startswith("env-"))
+
+
+@pytest.mark.parametrize("name", BASH_CASES)
+def test_every_generated_snippet_passes_shellcheck(name, tmp_path):
+    """C4, D5: every image mode's snippets, hostile labels included, have no findings and disable none."""
+    snippet = CASES[name]()
+    assert "shellcheck" not in snippet  # the templates' directives stay in their headers
+    checked = tmp_path / "snippet.sh"
+    checked.write_text("# shellcheck shell=bash\n" + snippet + "\n", encoding="utf-8")
+    result = shellcheck(checked)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_reports_a_template_with_a_broken_line(tmp_path):
+    """The checks above can fail: an unquoted expansion in a template is reported."""
+    broken = tmp_path / "broken.sh"
+    broken.write_text("# shellcheck shell=bash\n\n  rm -f -- $secret_file\n", encoding="utf-8")
+    result = shellcheck(broken)
+    assert result.returncode != 0 and "SC2086" in result.stdout
 
 
 def main() -> int:
