@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from jsonschema import Draft202012Validator
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
+    positive_data_acceptance,
     response_schema_conformance,
     status_code_conformance,
 )
 
+from app.api import bodies
 from app.api.openapi import document
+from app.timeutil import isoformat, parse_rfc3339, utcnow
 from tests import factories
 from tests.support import OPERATOR_KEY
+from tests.test_hostile_input import WRONG_ENROLLS, WRONG_HEARTBEATS, WRONG_INVENTORIES
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 
@@ -67,6 +73,39 @@ def fuzz_app(sqlite_app):
 
 # A 426 (protocol refused) and a 410 (token gone) are rejections too.
 REJECTIONS = ["400", "401", "403", "404", "405", "409", "410", "413", "415", "426"]
+# A body the document accepts may still meet a state it cannot describe — an unknown credential
+# or token (401/404), a disabled node (403), a spent or expired token (409/410), another protocol
+# version (426, A1) — but never a 400, 413 or 415: those would mean the document is looser than
+# the validator.
+ACCEPTANCES = ["2xx", "401", "403", "404", "409", "410", "426"]
+
+
+def within_the_rules_in_words(case) -> None:
+    """Keep a well-formed body inside the two rules the document can state only in words.
+
+    A telemetry sample's time must lie between 2020 and a few minutes past the server's clock, and
+    an inventory lists each GPU UUID once; no static schema says either, so a body generated as
+    valid has its in-range RFC 3339 times moved to now and its repeated GPUs dropped. Malformed
+    values and negative cases are sent exactly as generated.
+    """
+    body = case.body
+    if case.meta is None or not case.meta.generation.mode.is_positive or not isinstance(body, dict):
+        return
+    for sample in body.get("telemetry") or []:
+        if isinstance(sample, dict) and isinstance(sample.get("sampled_at"), str):
+            if parse_rfc3339(sample["sampled_at"]) is not None:
+                sample["sampled_at"] = isoformat(utcnow())
+    inventory = body.get("inventory")
+    if isinstance(inventory, dict) and isinstance(inventory.get("gpus"), list):
+        seen: set[str] = set()
+        kept = []
+        for gpu in inventory["gpus"]:
+            uuid = gpu.get("uuid") if isinstance(gpu, dict) else None
+            if uuid not in seen:
+                kept.append(gpu)
+            if isinstance(uuid, str):
+                seen.add(uuid)
+        inventory["gpus"] = kept
 
 
 @pytest.fixture
@@ -81,7 +120,10 @@ def api_schema(fuzz_app):
                     "nodeCredential": {"bearer": fuzz_app.config["FUZZ_CREDENTIAL"]},
                 }
             },
-            "checks": {"negative_data_rejection": {"expected-statuses": REJECTIONS}},
+            "checks": {
+                "negative_data_rejection": {"expected-statuses": REJECTIONS},
+                "positive_data_acceptance": {"expected-statuses": ACCEPTANCES},
+            },
         }
     )
     return schemathesis.openapi.from_wsgi("/api/v1/openapi.json", fuzz_app, config=config)
@@ -97,7 +139,8 @@ schema = schemathesis.pytest.from_fixture("api_schema")
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
 def test_api_conforms_to_its_document(case):
-    """No 5xx, and every response matches the documented status codes, content type and schema."""
+    """No 5xx; responses match the document; it refuses what the code refuses and accepts what it accepts."""
+    within_the_rules_in_words(case)
     case.call_and_validate(
         checks=[
             not_a_server_error,
@@ -105,5 +148,69 @@ def test_api_conforms_to_its_document(case):
             content_type_conformance,
             response_schema_conformance,
             negative_data_rejection,
+            positive_data_acceptance,
         ],
     )
+
+
+def _refuses(schema_name: str, body: dict) -> bool:
+    root = {"$ref": f"#/components/schemas/{schema_name}", "components": document()["components"]}
+    validator = Draft202012Validator(root, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return not validator.is_valid(body)
+
+
+def _strings(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [text for item in value.items() for text in _strings(list(item))]
+    if isinstance(value, list):
+        return [text for item in value for text in _strings(item)]
+    return []
+
+
+def stated_in_words(body: dict) -> str | None:
+    """Which rule the code enforces and the document states only in words, if `body` breaks one.
+
+    No static schema can say that a sample's time may be at most minutes ahead of the server's
+    clock, or that GPU UUIDs are unique within an inventory; and no portable pattern can name a
+    lone surrogate (Rust's regex and RE2 cannot), which is not Unicode text at all.
+    """
+    if any(0xD800 <= ord(char) <= 0xDFFF for text in _strings(body) for char in text):
+        return "lone surrogate"
+    for sample in body.get("telemetry") or []:
+        sampled_at = sample.get("sampled_at") if isinstance(sample, dict) else None
+        if isinstance(sampled_at, str) and re.search(bodies.RFC3339_PATTERN, sampled_at):
+            moment = parse_rfc3339(sampled_at)  # None: past the year 9999 once made UTC
+            if moment is None or moment > utcnow():
+                return "clock"
+    gpus = (body.get("inventory") or {}).get("gpus")
+    if isinstance(gpus, list) and all(isinstance(gpu, dict) for gpu in gpus):
+        if len({gpu.get("uuid") for gpu in gpus}) != len(gpus):
+            return "once"
+    return None
+
+
+def assert_the_document_refuses_what_the_code_refuses(schema_name: str, body: dict) -> None:
+    rule = stated_in_words(body)
+    if rule is None:
+        assert _refuses(schema_name, body)
+    else:
+        assert not _refuses(schema_name, body)
+        assert rule in json.dumps(document()), f"the document does not state the {rule} rule"
+
+
+@pytest.mark.parametrize(("change", "field"), WRONG_HEARTBEATS)
+def test_the_document_refuses_every_heartbeat_the_code_refuses(change, field):
+    assert_the_document_refuses_what_the_code_refuses("HeartbeatRequest", {**factories.heartbeat_body(), **change})
+
+
+@pytest.mark.parametrize(("change", "field"), WRONG_INVENTORIES)
+def test_the_document_refuses_every_inventory_the_code_refuses(change, field):
+    assert_the_document_refuses_what_the_code_refuses("InventoryRequest", {**factories.inventory_body(), **change})
+
+
+@pytest.mark.parametrize(("change", "field"), WRONG_ENROLLS)
+def test_the_document_refuses_every_enrol_claim_the_code_refuses(change, field):
+    body = {**factories.enroll_body("mfe_" + "a" * 43), **change}
+    assert_the_document_refuses_what_the_code_refuses("EnrollRequest", body)

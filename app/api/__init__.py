@@ -8,6 +8,7 @@ from flask import Blueprint, Flask, current_app, jsonify, request
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from werkzeug.exceptions import HTTPException
 
+from app import rules
 from app.api.errors import ApiError, domain_error_response, error_response
 from app.config import Settings
 from app.db import begin_read_only
@@ -47,8 +48,8 @@ def _before_api_request():
         if unknown:
             raise invalid(unknown[0][:100], "is not a known query parameter")
         for name, value in request.args.items():
-            if not value.isprintable():  # NUL cannot even be compared in PostgreSQL text (P5)
-                raise invalid(name, "must not contain control characters")
+            if not rules.is_text(value):  # NUL cannot even be compared in PostgreSQL text (P5)
+                raise invalid(name, f"must be {rules.TEXT_RULE}")
     if request.method in ("GET", "HEAD"):
         begin_read_only()
 

@@ -5,21 +5,11 @@ from __future__ import annotations
 from flask import request
 
 from app import enrollment, readiness
-from app.api import bp, json_response, settings
+from app.api import bodies, bp, json_response, settings
 from app.api.auth import admin_required
-from app.api.validation import Fields, invalid, json_object
+from app.api.validation import invalid, json_object
 from app.config import normalize_origin
 from app.models import EnrollmentState
-
-CREATE_FIELDS = {
-    "display_name",
-    "expires_in_seconds",
-    "role",
-    "labels",
-    "production_eligible",
-    "lab_eligible",
-    "benchmark_eligible",
-}
 
 
 def current_api_origin() -> str:
@@ -31,23 +21,9 @@ def current_api_origin() -> str:
 @admin_required
 def create_enrollment():
     """Mint a one-time enrolment token; the token appears in this response only."""
-    fields = Fields(json_object())
-    fields.reject_unknown(CREATE_FIELDS)
+    body = bodies.parse(bodies.EnrollmentCreate, json_object())
     minted, token = enrollment.create(
-        enrollment.EnrollmentRequest(
-            display_name=fields.string("display_name"),
-            expires_in_seconds=fields.integer(
-                "expires_in_seconds",
-                minimum=enrollment.MIN_EXPIRY_SECONDS,
-                maximum=enrollment.MAX_EXPIRY_SECONDS,
-            ),
-            api_origin=current_api_origin(),
-            role=fields.string("role", required=False, max_length=100),
-            labels=fields.labels("labels"),
-            production_eligible=fields.boolean("production_eligible", False),
-            lab_eligible=fields.boolean("lab_eligible", False),
-            benchmark_eligible=fields.boolean("benchmark_eligible", False),
-        )
+        enrollment.EnrollmentRequest(api_origin=current_api_origin(), **body.model_dump())
     )
     return json_response({**minted.to_dict(), "token": token}, 201)
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from functools import cache
 
-from app.api import bp, json_response
-from app.compat import SUPPORTED_PROTOCOLS
+from app import rules
+from app.api import bodies, bp, json_response
 
 NULLABLE_STRING = {"type": ["string", "null"]}
 NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
 TIME = {"type": "string", "format": "date-time"}
 UUID = {"type": "string", "format": "uuid"}
+TEXT = {"type": "string", "pattern": rules.TEXT_PATTERN}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -59,8 +60,19 @@ def _agent(operation: dict) -> dict:
     return {**operation, "security": [{"nodeCredential": []}]}
 
 
-def _body(schema: dict) -> dict:
-    return {"required": True, "content": {"application/json": {"schema": schema}}}
+def _body(model: type[bodies.Body]) -> dict:
+    """A request body: the model's own schema, nested models under components (A5)."""
+    return {"required": True, "content": {"application/json": {"schema": _ref(model.__name__)}}}
+
+
+def _body_schemas() -> dict[str, dict]:
+    """The JSON Schema of every request body model and the models nested in them."""
+    schemas: dict[str, dict] = {}
+    for model in (bodies.EnrollmentCreate, bodies.EnrollRequest, bodies.InventoryRequest, bodies.HeartbeatRequest):
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    return schemas
 
 
 def _path_param(name: str) -> dict:
@@ -107,20 +119,6 @@ ENROLLMENT = _obj(
         "lab_eligible",
         "benchmark_eligible",
     ],
-)
-
-ENROLLMENT_CREATE = _obj(
-    {
-        "display_name": {"type": "string", "minLength": 1, "maxLength": 200},
-        "expires_in_seconds": {"type": "integer", "minimum": 60, "maximum": 86400},
-        "role": {"type": ["string", "null"], "maxLength": 100},
-        "labels": {"type": ["object", "null"], "additionalProperties": {"type": "string", "maxLength": 200}},
-        "production_eligible": {"type": "boolean", "default": False},
-        "lab_eligible": {"type": "boolean", "default": False},
-        "benchmark_eligible": {"type": "boolean", "default": False},
-    },
-    ["display_name", "expires_in_seconds"],
-    additional=False,
 )
 
 CREDENTIAL = _obj(
@@ -230,71 +228,11 @@ READINESS = _obj(
     ["node_id", "ready", "checked_at", "checks"],
 )
 
-AGENT_VERSIONS = {
-    "protocol_version": {"type": "integer", "examples": list(SUPPORTED_PROTOCOLS)},
-    "agent_version": {"type": "string", "minLength": 1, "maxLength": 64},
-}
-
 AGENT_REPLY = {
     "status": {"type": "string"},
     "compatibility": COMPATIBILITY,
     "heartbeat_interval_seconds": {"type": "integer"},
 }
-
-ENROLL_REQUEST = _obj(
-    {
-        "enrollment_token": {"type": "string", "minLength": 1, "maxLength": 200},
-        "node_id": UUID,
-        "hostname": {"type": "string", "minLength": 1, "maxLength": 255},
-        "control_plane_url": {"type": "string", "format": "uri"},
-        "display_name": {"type": "string", "maxLength": 200},
-        **AGENT_VERSIONS,
-    },
-    ["enrollment_token", "node_id", "hostname", "control_plane_url", "protocol_version", "agent_version"],
-)
-
-INVENTORY_REQUEST = _obj(
-    {
-        **AGENT_VERSIONS,
-        "inventory": _obj(
-            {
-                "hostname": {"type": ["string", "null"], "maxLength": 255},
-                "gpus": {
-                    "type": "array",
-                    "maxItems": 64,
-                    "items": _obj(
-                        {
-                            "uuid": {"type": "string", "minLength": 1, "maxLength": 96},
-                            "name": {"type": ["string", "null"], "maxLength": 200},
-                            "memory_total_bytes": {"type": ["integer", "null"], "minimum": 0},
-                            "driver_version": {"type": ["string", "null"], "maxLength": 200},
-                            "cuda_driver_version": {"type": ["string", "null"], "maxLength": 200},
-                            "pci_bus_id": {"type": ["string", "null"], "maxLength": 200},
-                        },
-                        ["uuid"],
-                    ),
-                },
-            },
-            ["gpus"],
-        ),
-    },
-    ["protocol_version", "agent_version", "inventory"],
-)
-
-HEARTBEAT_REQUEST = _obj(
-    {
-        **AGENT_VERSIONS,
-        "health": _obj(
-            {
-                "status": {"enum": ["ok", "degraded", "failing"]},
-                "detail": {"type": ["string", "null"], "maxLength": 1000},
-            },
-            ["status"],
-        ),
-        "telemetry": {"type": "array", "maxItems": 64, "items": TELEMETRY_SAMPLE},
-    },
-    ["protocol_version", "agent_version", "health"],
-)
 
 ERROR = _obj(
     {
@@ -337,7 +275,7 @@ def _paths() -> dict:
             "post": _admin(
                 {
                     "summary": "Mint a one-time enrolment token (E1)",
-                    "requestBody": _body(ENROLLMENT_CREATE),
+                    "requestBody": _body(bodies.EnrollmentCreate),
                     "responses": {
                         "201": _json(
                             {
@@ -484,14 +422,18 @@ def _paths() -> dict:
                 {
                     "summary": "Audit events, newest first (P4)",
                     "parameters": [
-                        {"name": "node_id", "in": "query", "schema": {"type": "string"}},
-                        {"name": "action", "in": "query", "schema": {"type": "string"}},
+                        {"name": "node_id", "in": "query", "schema": TEXT},
+                        {"name": "action", "in": "query", "schema": TEXT},
                         {
                             "name": "limit",
                             "in": "query",
                             "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
                         },
-                        {"name": "before_id", "in": "query", "schema": {"type": "integer", "minimum": 1}},
+                        {
+                            "name": "before_id",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 1, "maximum": 2**62},
+                        },
                     ],
                     "responses": {
                         "200": _json(
@@ -524,7 +466,7 @@ def _paths() -> dict:
         "/api/v1/agent/enroll": {
             "post": {
                 "summary": "Claim an enrolment token once; returns the node credential once (E2)",
-                "requestBody": _body(ENROLL_REQUEST),
+                "requestBody": _body(bodies.EnrollRequest),
                 "responses": {
                     "201": _json(
                         _obj(
@@ -545,7 +487,7 @@ def _paths() -> dict:
             "post": _agent(
                 {
                     "summary": "Publish the node's inventory (N4)",
-                    "requestBody": _body(INVENTORY_REQUEST),
+                    "requestBody": _body(bodies.InventoryRequest),
                     "responses": {
                         "200": _json(
                             _obj(AGENT_REPLY, ["status", "compatibility", "heartbeat_interval_seconds"]),
@@ -560,7 +502,7 @@ def _paths() -> dict:
             "post": _agent(
                 {
                     "summary": "Publish health and telemetry; the reply carries the next interval (A2)",
-                    "requestBody": _body(HEARTBEAT_REQUEST),
+                    "requestBody": _body(bodies.HeartbeatRequest),
                     "responses": {
                         "200": _json(
                             _obj(AGENT_REPLY, ["status", "compatibility", "heartbeat_interval_seconds"]),
@@ -582,11 +524,13 @@ def document() -> dict:
         "info": {
             "title": "ModelForge control plane",
             "version": "1",
-            "description": "Enrolment, node credentials, the outbound-only agent protocol, node read-back.",
+            "description": "Enrolment, node credentials, the outbound-only agent protocol, node read-back. "
+            f"Text fields take {rules.TEXT_RULE}; a lone surrogate (such as \\ud800) is not Unicode text and "
+            "is refused too, though no portable pattern can name it.",
         },
         "paths": _paths(),
         "components": {
-            "schemas": {"Error": ERROR},
+            "schemas": {"Error": ERROR, **_body_schemas()},
             "securitySchemes": {
                 "adminToken": {"type": "apiKey", "in": "header", "name": "X-ModelForge-Admin-Token"},
                 "nodeCredential": {"type": "http", "scheme": "bearer"},

@@ -1,0 +1,340 @@
+"""Every request body, declared once (A5, P5).
+
+Each body is a pydantic model: the same declaration validates the request and, through
+`model_json_schema()`, is the body's schema in the OpenAPI document (app/api/openapi.py). A limit
+written here is therefore the limit the code enforces and the limit the document states;
+schemathesis checks both ways (tests/test_openapi.py). The two rules that no static schema can state
+— a sample's time against the control plane's clock, GPU UUIDs unique within one inventory — are
+said in the schema's description and checked here, in one place each.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal, TypeVar
+
+import annotated_types
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+)
+
+from app import rules
+from app.api.validation import invalid
+from app.enrollment import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
+from app.models.telemetry import METRICS
+from app.timeutil import parse_rfc3339, utcnow
+
+MAX_GPUS = 64
+MAX_CLOCK_AHEAD = timedelta(minutes=10)
+EARLIEST_SAMPLE = datetime(2020, 1, 1, tzinfo=UTC)
+# Larger whole numbers lose precision in JSON parsers that read every number as a double.
+MAX_BYTES = 2**62
+
+
+def _spaces_trimmed(value: str) -> str:
+    return value.strip(" ")
+
+
+def _blank_as_none(value: str | None) -> str | None:
+    return (value.strip(" ") or None) if value is not None else None
+
+
+def text(max_length: int) -> Any:
+    """A required string of printable text with something besides spaces; stored without outer spaces."""
+    return Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=max_length, pattern=rules.REQUIRED_TEXT_PATTERN),
+        AfterValidator(_spaces_trimmed),
+    ]
+
+
+def optional_text(max_length: int) -> Any:
+    """An optional string of printable text; null, empty or only spaces mean none."""
+    return Annotated[
+        str | None,
+        StringConstraints(max_length=max_length, pattern=rules.TEXT_PATTERN),
+        AfterValidator(_blank_as_none),
+    ]
+
+
+def _labels(value: dict[str, str] | None) -> dict[str, str]:
+    for key, text_value in (value or {}).items():
+        if problem := rules.label_problem(key, text_value):
+            raise ValueError(problem)
+    return dict(value or {})
+
+
+Labels = Annotated[
+    dict[str, str] | None,
+    Field(max_length=rules.MAX_LABELS),
+    AfterValidator(_labels),
+    WithJsonSchema(
+        {
+            "type": ["object", "null"],
+            "maxProperties": rules.MAX_LABELS,
+            "propertyNames": {"pattern": rules.LABEL_KEY_PATTERN},
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": rules.MAX_LABEL_VALUE_LENGTH,
+                "pattern": rules.TEXT_PATTERN,
+            },
+        }
+    ),
+]
+
+
+def _recent_time(value: str) -> datetime:
+    moment = parse_rfc3339(value)
+    if moment is None:
+        raise ValueError("must be an RFC 3339 time with an offset")
+    if not EARLIEST_SAMPLE <= moment <= utcnow() + MAX_CLOCK_AHEAD:
+        # A sample from the far future would stay the "latest" one forever (R1, P3).
+        raise ValueError(
+            f"is outside the accepted range (after 2020, at most {MAX_CLOCK_AHEAD.seconds // 60} minutes ahead "
+            "of the control plane's clock); check the node's clock"
+        )
+    return moment
+
+
+# RFC 3339 with an offset, in a year from 2020 on (the upper bound moves with the clock: said in words).
+RFC3339_PATTERN = (
+    r"^(20[2-9][0-9]|2[1-9][0-9]{2}|[3-9][0-9]{3})-[0-9]{2}-[0-9]{2}"
+    r"[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
+SampleTime = Annotated[
+    str,
+    StringConstraints(max_length=64, pattern=RFC3339_PATTERN),
+    AfterValidator(_recent_time),
+    Field(
+        json_schema_extra={
+            "format": "date-time",
+            "description": f"RFC 3339 with an offset, after {EARLIEST_SAMPLE.year} and at most "
+            f"{MAX_CLOCK_AHEAD.seconds // 60} minutes ahead of the control plane's clock",
+        }
+    ),
+]
+
+
+def _whole(value: object) -> object:
+    """JSON has one number type: 900.0 is the whole number 900 (as JSON Schema's "integer" says)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
+def whole(minimum: int, maximum: int) -> Any:
+    """A whole number within bounds (a JSON boolean is not one)."""
+    return Annotated[int, annotated_types.Interval(ge=minimum, le=maximum), BeforeValidator(_whole)]
+
+
+def _number(minimum: float, maximum: float) -> Any:
+    """A finite number within bounds, or null when NVML could not read it (P3)."""
+    return Annotated[float | None, Field(ge=minimum, le=maximum)]
+
+
+Bytes = whole(0, MAX_BYTES)
+
+
+class Body(BaseModel):
+    """Strict JSON types (no "1" for 1, no true for 1); unknown fields are ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", hide_input_in_errors=True)
+
+
+class Versions(Body):
+    """A1: what every agent request says about itself."""
+
+    # Any value is read: compatibility decides (426 for anything but a supported whole number).
+    protocol_version: Annotated[int, Field(json_schema_extra={"examples": [1]})]
+    agent_version: text(64)
+
+
+class AgentVersion(Body):
+    """The agent version alone, checked before the compatibility answer (A1)."""
+
+    agent_version: text(64)
+
+
+class EnrollmentCreate(Body):
+    """E1: what an operator asks for when minting a token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    display_name: text(200)
+    expires_in_seconds: whole(MIN_EXPIRY_SECONDS, MAX_EXPIRY_SECONDS)
+    role: optional_text(100) = None
+    labels: Labels = None
+    production_eligible: bool = False
+    lab_eligible: bool = False
+    benchmark_eligible: bool = False
+
+
+def _origin_pattern() -> str:
+    """An http(s) URL whose origin `normalize_origin` reads: RFC 3986 host (name, IPv4 or IPv6), port ≤ 65535."""
+    h16 = "[0-9A-Fa-f]{1,4}"
+    octet = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+    ls32 = rf"({h16}:{h16}|{octet}(\.{octet}){{3}})"
+    ipv6 = "|".join(
+        [
+            rf"({h16}:){{6}}{ls32}",
+            rf"::({h16}:){{5}}{ls32}",
+            rf"({h16})?::({h16}:){{4}}{ls32}",
+            rf"(({h16}:){{0,1}}{h16})?::({h16}:){{3}}{ls32}",
+            rf"(({h16}:){{0,2}}{h16})?::({h16}:){{2}}{ls32}",
+            rf"(({h16}:){{0,3}}{h16})?::{h16}:{ls32}",
+            rf"(({h16}:){{0,4}}{h16})?::{ls32}",
+            rf"(({h16}:){{0,5}}{h16})?::{h16}",
+            rf"(({h16}:){{0,6}}{h16})?::",
+        ]
+    )
+    name = r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?"
+    port = r"(:([0-9]{0,4}|[0-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9][0-9]|655[0-2][0-9]|6553[0-5]))?"
+    rest = rules.TEXT_PATTERN[1:-2]  # the text rule's character class, for the path, query and fragment
+    return rf"^[Hh][Tt][Tt][Pp][Ss]?://({name}|\[({ipv6})\]){port}([/?#]{rest}*)?$"
+
+
+OriginUrl = Annotated[
+    str, StringConstraints(max_length=2000, pattern=_origin_pattern()), Field(json_schema_extra={"format": "uri"})
+]
+
+
+class EnrollRequest(Versions):
+    """E2, E3: an agent claims its enrolment token."""
+
+    enrollment_token: text(200)
+    node_id: Annotated[
+        str,
+        StringConstraints(pattern=r"^[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}$"),
+        AfterValidator(str.lower),
+        Field(json_schema_extra={"format": "uuid"}),
+    ]
+    hostname: text(255)
+    control_plane_url: OriginUrl
+    display_name: optional_text(200) = None
+
+
+class GpuFacts(Body):
+    """N4: one GPU as NVML reports it."""
+
+    uuid: text(96)
+    name: optional_text(200) = None
+    memory_total_bytes: Bytes | None = None
+    driver_version: optional_text(200) = None
+    cuda_driver_version: optional_text(200) = None
+    pci_bus_id: optional_text(200) = None
+
+
+class InventoryFacts(Body):
+    """N4: the node's facts; besides hostname and GPUs they are stored as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    hostname: optional_text(255) = None
+    gpus: Annotated[
+        list[GpuFacts],
+        Field(max_length=MAX_GPUS, json_schema_extra={"description": "Each GPU UUID at most once"}),
+    ]
+
+    @field_validator("gpus")
+    @classmethod
+    def _one_uuid_once(cls, gpus: list[GpuFacts]) -> list[GpuFacts]:
+        if len({gpu.uuid for gpu in gpus}) != len(gpus):
+            raise ValueError("lists one GPU UUID twice")
+        return gpus
+
+
+class InventoryRequest(Versions):
+    """N4: the agent publishes its inventory."""
+
+    inventory: InventoryFacts
+
+
+class Health(Body):
+    """The agent's own verdict on itself."""
+
+    status: Literal["ok", "degraded", "failing"]
+    detail: optional_text(1000) = None
+
+
+class TelemetrySample(Body):
+    """N4: one GPU's readings; each metric is present, null when NVML cannot read it (P3)."""
+
+    gpu_uuid: text(96)
+    sampled_at: SampleTime
+    utilization_gpu_percent: _number(0, 100)
+    memory_used_bytes: Bytes | None
+    temperature_c: _number(-100, 200)
+    power_w: _number(0, 100_000)
+
+
+assert tuple(name for name in TelemetrySample.model_fields if name in METRICS) == METRICS
+
+
+class HeartbeatRequest(Versions):
+    """A2, L2: liveness, health and telemetry."""
+
+    health: Health
+    telemetry: Annotated[list[TelemetrySample], Field(max_length=MAX_GPUS)] = []
+
+
+# Messages in the API's own words, by pydantic error type; `{…}` are filled from the error's context.
+_MESSAGES = {
+    "missing": "is required",
+    "string_type": "must be a string",
+    "string_unicode": "must be valid Unicode text",
+    "string_too_short": "must not be empty",
+    "string_too_long": "must be at most {max_length} characters",
+    "string_pattern_mismatch": "must be printable text, not empty, without control characters",
+    "int_type": "must be a whole number",
+    "float_type": "must be a number or null",
+    "bool_type": "must be true or false",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than_equal": "must be at most {le}",
+    "finite_number": "must be a finite number",
+    "model_type": "must be an object",
+    "dict_type": "must be an object",
+    "list_type": "must be a list",
+    "too_long": "must have at most {max_length} items",
+    "literal_error": "must be one of {expected}",
+    "extra_forbidden": "is not a known field",
+}
+
+
+def _field_name(location: tuple[str | int, ...]) -> str:
+    """('telemetry', 0, 'sampled_at') → 'telemetry[0].sampled_at'."""
+    name = ""
+    for part in location:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif part != "[key]":
+            name += f".{part}" if name else str(part)
+    return name
+
+
+def _message(error: dict[str, Any]) -> str:
+    if error["type"] == "value_error":
+        return str(error["ctx"]["error"])
+    template = _MESSAGES.get(error["type"])
+    if template is None:
+        return "is not valid"
+    return template.format(**error.get("ctx", {}))
+
+
+BodyModel = TypeVar("BodyModel", bound=Body)
+
+
+def parse(model: type[BodyModel], data: dict[str, Any]) -> BodyModel:
+    """The body as `model`, or a 400 naming the first offending field (A5)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors(include_url=False, include_input=False)[0]
+        raise invalid(_field_name(first["loc"]), _message(first)) from None

@@ -1,0 +1,73 @@
+"""Rules stated once: what counts as text, a label, an agent image reference (P5, D2, C4).
+
+Standard library only and importing nothing from the app, so the deploy scripts that run on a
+node without Flask (`deploy/env_preflight.py`, `deploy/release_manifest.py`) load this file by
+path and apply the very same rules as the control plane's API, console and OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Characters no text field accepts: C0 and C1 controls and DEL (NUL cannot even be stored in
+# PostgreSQL text), every space but the ASCII one, line and paragraph separators, and the invisible
+# format characters that hide or reorder text (soft hyphen, zero-width marks, bidi embeddings,
+# overrides and isolates — U+202E would reverse the timestamps printed after it). Written so that
+# ECMA-262, Python's `re`, Rust's `regex` (pydantic's) and Go's RE2 all read it the same way, so it
+# is published as-is in the OpenAPI document. Lone surrogates are refused too — they are not
+# Unicode text, no UTF-8 encoding exists for them — but no pattern says so: Rust and RE2 cannot even
+# name a surrogate, and tools built on them drop a pattern that does (schemathesis then generated
+# C1 controls as "valid" data).
+_FORBIDDEN = r"\x00-\x1f\x7f-\xa0\xad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\ufeff\ufff9-\ufffb"
+TEXT_PATTERN = rf"^[^{_FORBIDDEN}]*$"
+# Required text: at least one character besides the ASCII space (the only space allowed at all).
+REQUIRED_TEXT_PATTERN = rf"^ *[^ {_FORBIDDEN}][^{_FORBIDDEN}]*$"
+TEXT_RULE = "printable text (no control, format or separator characters, no space but ' ')"
+_TEXT = re.compile(rf"[^{_FORBIDDEN}]*")
+
+
+def is_text(value: str) -> bool:
+    """Whether `value` is printable text by the one rule above, lone surrogates refused."""
+    if _TEXT.fullmatch(value) is None:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate such as "\ud800" from a JSON escape
+        return False
+    return True
+
+
+# Labels on enrolments and nodes: scheduling metadata, the same rules from the API and the console.
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$"
+LABEL_KEY_RULE = "up to 63 letters, digits, . _ / - starting with a letter or digit"
+MAX_LABELS = 32
+MAX_LABEL_VALUE_LENGTH = 200
+_LABEL_KEY = re.compile(LABEL_KEY_PATTERN[1:-1])
+
+
+def label_problem(key: object, value: object) -> str | None:
+    """Why one label is refused, or None (fullmatch: a key ending in a newline is refused)."""
+    if not isinstance(key, str) or _LABEL_KEY.fullmatch(key) is None:
+        return f"a label name is {LABEL_KEY_RULE}"
+    if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE_LENGTH or not is_text(value):
+        return f"a label value is at most {MAX_LABEL_VALUE_LENGTH} characters of printable text"
+    return None
+
+
+def image_reference_problem(reference: str) -> str | None:
+    """D2: why an agent image reference is refused (never `latest`), or None.
+
+    An image needs a tag other than `latest` or an `@sha256:` digest: a reference without either
+    means `latest` to Docker, so an untagged image is refused exactly like `:latest`.
+    """
+    name, _, digest = reference.partition("@")
+    if digest:
+        if re.fullmatch(r"sha256:[0-9a-f]{64}", digest) is None:
+            return "its digest must be sha256: followed by 64 lower-case hex digits"
+        return None
+    last_part = name.rsplit("/", 1)[-1]
+    if ":" not in last_part:
+        return "it has no tag, which means latest; name a release tag or an @sha256 digest"
+    if last_part.endswith(":latest"):
+        return "it uses the floating latest tag; name a release tag or an @sha256 digest"
+    return None
