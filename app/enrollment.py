@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -17,10 +16,6 @@ from app.timeutil import utcnow
 
 MIN_EXPIRY_SECONDS = 60
 MAX_EXPIRY_SECONDS = 86_400
-# Labels: scheduling metadata, the same rules from the API and the console.
-LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
-MAX_LABELS = 32
-MAX_LABEL_VALUE_LENGTH = 200
 
 
 @dataclass

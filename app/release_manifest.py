@@ -26,6 +26,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+if __package__:
+    from app import rules
+else:  # loaded by path (deploy/app_modules.py), where Flask and so the `app` package may be missing
+    import modelforge_rules as rules
+
 SCHEMA = "modelforge-release-manifest/1"
 NODE_AGENT = "modelforge-node-agent"
 MANIFEST_NAME = "manifest.json"
@@ -88,12 +93,6 @@ class ImageRecord:
         return entry
 
 
-def _printable(text: str) -> bool:
-    # str.isprintable also refuses C1 controls, line and paragraph separators, bidirectional
-    # overrides and lone surrogates, none of which can be written back exactly on a node.
-    return text.isprintable()
-
-
 def _config(entry: dict) -> tuple[tuple[str, object], ...]:
     config = entry.get("config")
     if not isinstance(config, dict):
@@ -104,12 +103,12 @@ def _config(entry: dict) -> tuple[tuple[str, object], ...]:
         value = config.get(name)
         if not isinstance(value, list) or len(value) > MAX_CONFIG_ITEMS:
             raise ValueError(f'"config.{name}" must be a list (empty when the image sets none)')
-        if not all(isinstance(item, str) and len(item) <= 4096 and _printable(item) for item in value):
+        if not all(isinstance(item, str) and len(item) <= 4096 and rules.is_text(item) for item in value):
             raise ValueError(f'every entry of "config.{name}" must be printable text')
         checked[name] = tuple(sorted(value) if name in ("volumes", "exposed_ports") else value)
     for name in CONFIG_STRINGS:
         value = config.get(name)
-        if not isinstance(value, str) or len(value) > 4096 or not _printable(value):
+        if not isinstance(value, str) or len(value) > 4096 or not rules.is_text(value):
             raise ValueError(f'"config.{name}" must be printable text (empty when the image sets none)')
         checked[name] = value
     return tuple(checked.items())
@@ -144,7 +143,7 @@ def record_from_json(entry: object, name: str = NODE_AGENT) -> ImageRecord:
     for key, value in labels.items():
         if not _LABEL_KEY.fullmatch(key):
             raise ValueError(f"label name {key[:80]!r} is not a plain label name")
-        if not isinstance(value, str) or not 0 < len(value) <= MAX_LABEL_VALUE or not _printable(value):
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_LABEL_VALUE or not rules.is_text(value):
             # Never empty: a node's Go template prints "" for a missing label too.
             raise ValueError(f"label {key!r} must be 1 to {MAX_LABEL_VALUE} printable characters")
     image_id = entry.get("image_id")

@@ -50,24 +50,36 @@ def label_problem(key: object, value: object) -> str | None:
     if not isinstance(key, str) or _LABEL_KEY.fullmatch(key) is None:
         return f"a label name is {LABEL_KEY_RULE}"
     if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE_LENGTH or not is_text(value):
-        return f"a label value is at most {MAX_LABEL_VALUE_LENGTH} characters of printable text"
+        return f"a label value is up to {MAX_LABEL_VALUE_LENGTH} printable characters"
     return None
 
 
-def image_reference_problem(reference: str) -> str | None:
-    """D2: why an agent image reference is refused (never `latest`), or None.
+# An image reference as Docker reads one: [registry[:port]/]path[:tag][@sha256:digest].
+_IMAGE_NAME = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+)
+_IMAGE_REFERENCE = re.compile(
+    rf"{_IMAGE_NAME}(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}))?(?:@(?P<digest>sha256:[0-9a-f]{{64}}))?"
+)
+IMAGE_REFERENCE_FORM = "registry/path/name:tag or registry/path/name@sha256:<64 hex digits>"
 
-    An image needs a tag other than `latest` or an `@sha256:` digest: a reference without either
-    means `latest` to Docker, so an untagged image is refused exactly like `:latest`.
+
+def image_reference_problem(reference: str, *, digest_required: bool = False) -> str | None:
+    """D2: why an agent image reference is refused, or None.
+
+    An image needs a tag other than `latest` or an `@sha256:` digest: a reference with neither means
+    `latest` to Docker, so an untagged image is refused exactly like `:latest`.
     """
-    name, _, digest = reference.partition("@")
-    if digest:
-        if re.fullmatch(r"sha256:[0-9a-f]{64}", digest) is None:
-            return "its digest must be sha256: followed by 64 lower-case hex digits"
+    match = _IMAGE_REFERENCE.fullmatch(reference)
+    if match is None:
+        return f"it is not an image reference ({IMAGE_REFERENCE_FORM})"
+    if match["digest"]:
         return None
-    last_part = name.rsplit("/", 1)[-1]
-    if ":" not in last_part:
+    if digest_required:
+        return "it is not pinned by digest (name@sha256:<64 hex digits>; a tag before @ is optional)"
+    if match["tag"] is None:
         return "it has no tag, which means latest; name a release tag or an @sha256 digest"
-    if last_part.endswith(":latest"):
+    if match["tag"] == "latest":
         return "it uses the floating latest tag; name a release tag or an @sha256 digest"
     return None

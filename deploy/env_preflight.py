@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check a node agent .env before `docker compose up`: `python3 deploy/env_preflight.py path/to/.env`.
 
-Standard library only, so it runs on any host with Python 3 (Unraid included). Exit 2 with one
+Standard library only, so it runs on any host with Python 3 (Unraid included), from the checkout. Exit 2 with one
 line per problem, each naming the variable; exit 0 when nothing is refused (warnings go to stderr).
 """
 
@@ -11,6 +11,10 @@ import posixpath
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from app_modules import load
+
+rules = load("rules")  # the wizard's own image rule (app/rules.py)
 
 EXIT_OK = 0
 EXIT_REFUSED = 2
@@ -139,10 +143,10 @@ def check_url(env: dict[str, str]) -> list[str]:
 
 
 def check_image(env: dict[str, str]) -> list[str]:
-    """Refuse the floating `latest` tag (D2): an upgrade should be a decision, not a pull."""
+    """Refuse `latest`, named or implied (D2): an upgrade should be a decision, not a pull."""
     value = env.get(IMAGE_VARIABLE, "").strip()
-    if value and "@sha256:" not in value and value.rsplit("/", 1)[-1].endswith(":latest"):
-        return [f"{IMAGE_VARIABLE}={value} uses the floating latest tag; use a release tag or @sha256 digest"]
+    if value and (problem := rules.image_reference_problem(value)):
+        return [f"{IMAGE_VARIABLE}={value}: {problem}"]
     return []
 
 

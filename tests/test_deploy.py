@@ -616,6 +616,8 @@ def test_preflight_refuses_only_the_placeholder_url_in_the_example(tmp_path):
         ("MODELFORGE_AGENT_CONTROL_PLANE_URL", "", "not set"),
         ("MODELFORGE_AGENT_CONTROL_PLANE_URL", "modelforge.lan", "http(s) URL"),
         ("MODELFORGE_NODE_AGENT_IMAGE", "modelforge-node-agent:latest", "latest"),
+        ("MODELFORGE_NODE_AGENT_IMAGE", "registry.lan:5000/modelforge-node-agent", "no tag, which means latest"),
+        ("MODELFORGE_NODE_AGENT_IMAGE", "modelforge-node-agent@sha256:abc", "not an image reference"),
     ],
 )
 def test_preflight_refuses(tmp_path, variable, value, reason):

@@ -14,19 +14,13 @@ from functools import cache
 from importlib.resources import files
 from urllib.parse import urlsplit
 
+from app import rules
 from app.release_manifest import NODE_AGENT, ImageRecord, record_from_json
 
 COMPOSE_FILE = "docker-compose.node-agent.yml"
 ACCELERATOR_MODES = ("nvidia", "cpu", "auto")
 LOCAL_IMAGE = f"{NODE_AGENT}:local"
 # registry[:port]/path/name@sha256:<digest>, lower case as the distribution spec writes names.
-_PINNED_REFERENCE = re.compile(
-    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?/)?"
-    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?@sha256:[0-9a-f]{64}"
-)
-
-
 @dataclass(frozen=True)
 class ImageSource:
     """Where the node's agent image comes from, and what the start command checks about it (C4, D5).
@@ -70,8 +64,8 @@ def release_image(record: ImageRecord) -> ImageSource:
 
 def pinned_image(reference: str) -> ImageSource:
     """A registry image pinned by digest; ValueError when `reference` is not one."""
-    if not _PINNED_REFERENCE.fullmatch(reference):
-        raise ValueError("write the image as registry/path/name@sha256:<64 hex digits> (a tag before @ is optional)")
+    if problem := rules.image_reference_problem(reference, digest_required=True):
+        raise ValueError(problem)
     return ImageSource("digest", reference)
 
 
@@ -138,10 +132,8 @@ def _check(env: AgentEnv) -> None:
         raise ValueError(f"control_plane_url must be an http(s) origin, not {env.control_plane_url!r}")
     if env.accelerator_mode not in ACCELERATOR_MODES:
         raise ValueError(f"accelerator_mode must be one of {', '.join(ACCELERATOR_MODES)}")
-    last_part = env.image.rsplit("/", 1)[-1]
-    if "@" not in last_part and (":" not in last_part or last_part.endswith(":latest")):
-        # D2: never `latest`, and an image without a tag or digest means `latest`.
-        raise ValueError("image must name a release tag or an @sha256 digest, never latest")
+    if problem := rules.image_reference_problem(env.image):
+        raise ValueError(f"image must name a release tag or an @sha256 digest, never latest: {problem}")
 
 
 def env_file(env: AgentEnv) -> str:

@@ -7,8 +7,9 @@ from wtforms import BooleanField, PasswordField, RadioField, SelectField, String
 from wtforms.fields.choices import SelectChoice
 from wtforms.validators import DataRequired, Length, Optional, ValidationError
 
+from app import rules
 from app.console.commands import LOCAL_BUILD, ImageSource, env_value_error, pinned_image, release_image
-from app.enrollment import LABEL_KEY, MAX_EXPIRY_SECONDS, MAX_LABEL_VALUE_LENGTH, MAX_LABELS
+from app.enrollment import MAX_EXPIRY_SECONDS
 from app.release_manifest import MAX_PASTE_BYTES, parse_pasted
 
 # C4: the wizard offers exactly these token lifetimes.
@@ -32,20 +33,12 @@ IMAGE_SOURCE_CHOICES = [
 ]
 
 
-def _printable(text: str) -> bool:
-    return not any(ord(char) < 32 or ord(char) == 127 for char in text)
-
-
 class Printable:
-    """A field validator: no control characters (NUL and friends end up in the database)."""
+    """A field validator: the API's one text rule (app/rules.py), so both refuse the same names."""
 
     def __call__(self, form, field) -> None:
-        if not _printable(field.data or ""):
+        if not rules.is_text(field.data or ""):
             raise ValidationError("Use printable characters only.")
-
-
-class EmptyForm(FlaskForm):
-    """A button-only POST still carries the CSRF token."""
 
 
 class LoginForm(FlaskForm):
@@ -65,17 +58,13 @@ def parse_labels(text: str) -> dict[str, str]:
         key, value = key.strip(), value.strip()
         if not separator or not key:
             raise ValueError(f"line {number}: write labels as key=value")
-        if not LABEL_KEY.match(key):
-            raise ValueError(
-                f"line {number}: a label name is up to 63 letters, digits, . _ / - and starts with a letter or digit"
-            )
-        if len(value) > MAX_LABEL_VALUE_LENGTH or not _printable(value):
-            raise ValueError(f"line {number}: a value is up to {MAX_LABEL_VALUE_LENGTH} printable characters")
+        if problem := rules.label_problem(key, value):
+            raise ValueError(f"line {number}: {problem}")
         if key in labels:
             raise ValueError(f"line {number}: label {key!r} appears twice")
         labels[key] = value
-    if len(labels) > MAX_LABELS:
-        raise ValueError(f"at most {MAX_LABELS} labels")
+    if len(labels) > rules.MAX_LABELS:
+        raise ValueError(f"at most {rules.MAX_LABELS} labels")
     return labels
 
 
