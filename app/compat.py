@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = 1
 SUPPORTED_PROTOCOLS = (1,)
 MAX_PROTOCOL_VERSION = 65_535
 
