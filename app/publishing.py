@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -62,20 +63,35 @@ _INSERT_SAMPLES = insert_ignoring_duplicates(TelemetrySample.__table__)
 _INSERT_GPUS = insert_ignoring_duplicates(_gpus)
 
 
+# A GPU row's id never changes once it exists (rows go only with their node), so each worker keeps
+# the (node, GPU UUID) → id pairs it has read, per database engine: a routine heartbeat then does
+# no lookup at all. Only ids read before this transaction wrote anything are kept, so a rolled
+# back insert is never remembered.
+_gpu_id_cache: weakref.WeakKeyDictionary[sa.Engine, dict[tuple[str, str], int]] = weakref.WeakKeyDictionary()
+_GPU_ID_CACHE_LIMIT = 100_000
+
+
 def _gpu_ids(connection: sa.Connection, node_id: str, uuids: set[str], now: datetime) -> dict[str, int]:
     """The integer keys of a node's GPUs; a GPU seen in telemetry before any inventory is added."""
+    cache = _gpu_id_cache.setdefault(connection.engine, {})
+    cached = {uuid: cache.get((node_id, uuid)) for uuid in uuids}
+    if None not in cached.values():
+        return cached
     known = dict(connection.execute(_GPU_IDS, {"gpu_node_id": node_id}).all())
     missing = uuids - known.keys()
-    if missing:
-        connection.execute(
-            _INSERT_GPUS[connection.dialect.name],
-            [
-                {"node_id": node_id, "uuid": uuid, "present": True, "first_seen_at": now, "last_seen_at": now}
-                for uuid in sorted(missing)
-            ],
-        )
-        known = dict(connection.execute(_GPU_IDS, {"gpu_node_id": node_id}).all())
-    return known
+    if not missing:
+        if len(cache) > _GPU_ID_CACHE_LIMIT:
+            cache.clear()
+        cache.update({(node_id, uuid): gpu_id for uuid, gpu_id in known.items()})
+        return known
+    connection.execute(
+        _INSERT_GPUS[connection.dialect.name],
+        [
+            {"node_id": node_id, "uuid": uuid, "present": True, "first_seen_at": now, "last_seen_at": now}
+            for uuid in sorted(missing)
+        ],
+    )
+    return dict(connection.execute(_GPU_IDS, {"gpu_node_id": node_id}).all())
 
 
 def authenticate(secret: str) -> Publisher:

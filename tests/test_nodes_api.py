@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import timedelta
 
 import sqlalchemy as sa
 
+from app import create_app
 from app.extensions import db
 from app.models import Gpu, NodeLease, TelemetrySample
 from app.timeutil import utcnow
-from tests import factories
+from tests import factories, support
 from tests.support import ADMIN
 
 INVENTORY = "/api/v1/agent/inventory"
@@ -252,3 +254,30 @@ def test_telemetry_rows_are_written_apart_from_the_lease(app, client):
     assert len(leases) == 1 and leases[0].last_heartbeat_at is not None
     # GPUs first seen in telemetry are registered, to be described by the next inventory.
     assert {gpu["uuid"] for gpu in node_view(client, node["node_id"])["gpus"]} == {"GPU-A", "GPU-B"}
+
+
+def test_a_worker_remembers_gpu_keys_per_database_never_across_two(sqlite_template, tmp_path):
+    # The heartbeat keeps (node, GPU UUID) → row id pairs it has read (publishing._gpu_ids); the same
+    # node ID and GPU UUID in another database must still land on that database's own GPU row.
+    gpu_uuid, other_uuid = "GPU-0000-shared", "GPU-0000-only-in-b"
+    node_id = "0b2f4f7e-8d6a-4bb8-9a41-5b1d6f0c2a11"
+    latest = {}
+    for name, gpus_first in (("a", []), ("b", [other_uuid])):
+        path = tmp_path / f"{name}.sqlite3"
+        shutil.copyfile(sqlite_template, path)
+        app = create_app(support.app_env(f"sqlite:///{path}", tmp_path / name))
+        client = app.test_client()
+        node = factories.enrolled_node(client, node_id=node_id)
+        auth = factories.bearer(node["credential"])
+        if gpus_first:  # in b the shared GPU gets another row id than in a
+            body = factories.inventory_body(gpus=[factories.gpu(uuid_) for uuid_ in gpus_first])
+            assert client.post("/api/v1/agent/inventory", json=body, headers=auth).status_code == 200
+        for power in (100.0, 200.0):  # the second heartbeat takes the remembered key
+            body = factories.heartbeat_body([factories.sample(gpu_uuid, power_w=power)])
+            assert client.post("/api/v1/agent/heartbeat", json=body, headers=auth).status_code == 200
+        described = client.get(f"/api/v1/hardware/nodes/{node_id}", headers=ADMIN).get_json()
+        latest[name] = {sample["gpu_uuid"]: sample["power_w"] for sample in described["telemetry"]}
+        with app.app_context():
+            db.session.remove()
+            db.engine.dispose()
+    assert latest == {"a": {gpu_uuid: 200.0}, "b": {gpu_uuid: 200.0}}
