@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import click
-from flask import Flask, current_app
+from flask import Flask
 from flask.cli import AppGroup
+
+from app.config import current_settings
 
 group = AppGroup("modelforge", help="ModelForge operator commands.")
 
@@ -17,7 +19,7 @@ def sweep_command() -> None:
     # Imported here: `python -m app.scheduler` must not find itself already imported by `app`.
     from app import scheduler
 
-    click.echo(json.dumps(scheduler.run_all_now(current_app.config["MODELFORGE"]), indent=2))
+    click.echo(json.dumps(scheduler.run_all_now(current_settings()), indent=2))
 
 
 def init_app(app: Flask) -> None:

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from flask import Flask, current_app
+
 MIN_OPERATOR_KEY_LENGTH = 32
 OPERATOR_KEY_FILE = "operator-api-key"
 SECRET_KEY_FILE = "secret-key"
+SETTINGS_KEY = "MODELFORGE"  # where create_app keeps the Settings in app.config
 
 
 class ConfigError(Exception):
@@ -49,8 +52,13 @@ class Settings:
             "SECRET_KEY": self.secret_key,
             "SQLALCHEMY_DATABASE_URI": self.database_url,
             "MAX_CONTENT_LENGTH": self.max_request_bytes,
-            "MODELFORGE": self,
+            SETTINGS_KEY: self,
         }
+
+
+def current_settings(app: Flask | None = None) -> Settings:
+    """The running control plane's settings: `app`'s, else the current app's."""
+    return (current_app if app is None else app).config[SETTINGS_KEY]
 
 
 def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1, unit: str = "seconds") -> int:

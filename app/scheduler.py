@@ -32,7 +32,7 @@ from flask import Flask
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import enrollment, liveness, retention
-from app.config import Settings
+from app.config import Settings, current_settings
 from app.db import insert_ignoring_duplicates
 from app.extensions import db
 from app.models import SweepTick
@@ -92,7 +92,7 @@ def run_if_due(app: Flask, name: str, interval: int, work: Callable[[], dict[str
 
 def build(app: Flask, scheduler: BaseScheduler) -> BaseScheduler:
     """Add every sweep to `scheduler`; jobs fire just after each wall-clock tick boundary."""
-    settings: Settings = app.config["MODELFORGE"]
+    settings = current_settings(app)
     holder = holder_name()
     now = time.time()
     for name, (interval, work) in sweeps(settings).items():
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     scheduler.start()
-    log.info("scheduler %s started: %s", holder_name(), ", ".join(sweeps(app.config["MODELFORGE"])))
+    log.info("scheduler %s started: %s", holder_name(), ", ".join(sweeps(current_settings(app))))
     while not stop.wait(1.0):
         if args.parent_pid is not None and os.getppid() != args.parent_pid:
             log.warning("scheduler %s: the control plane that started it is gone; exiting", holder_name())

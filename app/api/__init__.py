@@ -10,17 +10,11 @@ from werkzeug.exceptions import HTTPException
 
 from app import rules
 from app.api.errors import ApiError, domain_error_response, error_response
-from app.config import Settings
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import csrf, db
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
-
-
-def settings() -> Settings:
-    """The running control plane's settings."""
-    return current_app.config["MODELFORGE"]
 
 
 def _is_api_request() -> bool:

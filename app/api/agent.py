@@ -5,12 +5,12 @@ from __future__ import annotations
 from flask import current_app
 
 from app import enrollment, publishing
-from app.api import bodies, bp, json_response, settings
+from app.api import bodies, bp, json_response
 from app.api.auth import bearer_credential
 from app.api.errors import ApiError
 from app.api.validation import invalid, json_object
 from app.compat import COMPATIBLE, compatibility
-from app.config import normalize_origin
+from app.config import current_settings, normalize_origin
 
 
 def _versions(data: dict[str, object]) -> tuple[publishing.Versions, dict[str, object]]:
@@ -42,7 +42,7 @@ def _reply(answer: dict[str, object], http_status: int = 200, **payload: object)
         {
             **payload,
             "compatibility": answer,
-            "heartbeat_interval_seconds": settings().heartbeat_interval_seconds,
+            "heartbeat_interval_seconds": current_settings().heartbeat_interval_seconds,
         },
         http_status,
     )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from functools import wraps
 
-from flask import current_app, request
+from flask import request
 
 from app import tokens
 from app.api.errors import ApiError
+from app.config import current_settings
 
 ADMIN_HEADER = "X-ModelForge-Admin-Token"
 
@@ -25,7 +26,7 @@ def admin_required(view):
                 f"This endpoint needs the {ADMIN_HEADER} header.",
                 "Send the operator API key (instance/operator-api-key or MODELFORGE_OPERATOR_API_KEY) in that header.",
             )
-        expected = current_app.config["MODELFORGE"].operator_api_key
+        expected = current_settings().operator_api_key
         if not tokens.same_secret(expected, presented):
             raise ApiError(
                 401,

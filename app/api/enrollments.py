@@ -5,16 +5,16 @@ from __future__ import annotations
 from flask import request
 
 from app import enrollment, readiness
-from app.api import bodies, bp, json_response, settings
+from app.api import bodies, bp, json_response
 from app.api.auth import admin_required
 from app.api.validation import invalid, json_object
-from app.config import normalize_origin
+from app.config import current_settings, normalize_origin
 from app.models import EnrollmentState
 
 
 def current_api_origin() -> str:
     """E3: the origin agents must use — MODELFORGE_PUBLIC_API_ORIGIN, else this request's own."""
-    return settings().public_api_origin or normalize_origin(request.host_url) or request.host_url
+    return current_settings().public_api_origin or normalize_origin(request.host_url) or request.host_url
 
 
 @bp.post("/admin/node-enrollments")
@@ -56,4 +56,4 @@ def revoke_enrollment(enrollment_id: str):
 @admin_required
 def enrollment_readiness(enrollment_id: str):
     """R2: readiness of the node that consumed this enrolment, for the wizard to poll."""
-    return json_response(readiness.for_enrollment(enrollment.get(enrollment_id), settings()))
+    return json_response(readiness.for_enrollment(enrollment.get(enrollment_id), current_settings()))

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 from app import nodes, readiness
-from app.api import bp, json_response, settings
+from app.api import bp, json_response
 from app.api.auth import admin_required
+from app.config import current_settings
 
 
 @bp.get("/hardware/nodes")
 @admin_required
 def list_nodes():
     """Every node with status, inventory, GPUs, latest telemetry and credential metadata."""
-    return json_response({"nodes": nodes.describe(None, settings())})
+    return json_response({"nodes": nodes.describe(None, current_settings())})
 
 
 @bp.get("/hardware/nodes/<node_id>")
 @admin_required
 def get_node(node_id: str):
     """One node in the wire format."""
-    described = nodes.describe([node_id], settings())
+    described = nodes.describe([node_id], current_settings())
     if not described:
         nodes.get(node_id)  # raises NODE_NOT_FOUND
     return json_response(described[0])
@@ -45,7 +46,7 @@ def revoke_credential(node_id: str):
 def disable_node(node_id: str):
     """Make the node ineligible and refuse its publications at once."""
     nodes.set_disabled(node_id, True)
-    return json_response(nodes.describe([node_id], settings())[0])
+    return json_response(nodes.describe([node_id], current_settings())[0])
 
 
 @bp.post("/admin/nodes/<node_id>/enable")
@@ -53,14 +54,14 @@ def disable_node(node_id: str):
 def enable_node(node_id: str):
     """Undo disable."""
     nodes.set_disabled(node_id, False)
-    return json_response(nodes.describe([node_id], settings())[0])
+    return json_response(nodes.describe([node_id], current_settings())[0])
 
 
 @bp.get("/admin/nodes/<node_id>/readiness")
 @admin_required
 def node_readiness(node_id: str):
     """R2: is this exact node ready, check by check."""
-    result = readiness.for_node(node_id, settings())
+    result = readiness.for_node(node_id, current_settings())
     if result is None:
         nodes.get(node_id)  # raises NODE_NOT_FOUND
     return json_response(result)

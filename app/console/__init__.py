@@ -10,6 +10,7 @@ from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import HTTPException
 
 from app.api.errors import STATUS_BY_CODE
+from app.config import current_settings
 from app.console import formatting
 from app.errors import DomainError
 
@@ -27,7 +28,7 @@ class ConsoleSessionInterface(SecureCookieSessionInterface):
 
     def get_cookie_secure(self, app: Flask) -> bool:
         """Secure when configured, when this request came over HTTPS, or when the public origin is https."""
-        public_origin = app.config["MODELFORGE"].public_api_origin or ""
+        public_origin = current_settings(app).public_api_origin or ""
         return bool(app.config["SESSION_COOKIE_SECURE"]) or request.is_secure or public_origin.startswith("https:")
 
 

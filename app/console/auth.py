@@ -14,6 +14,7 @@ from flask import current_app, flash, redirect, render_template, request, sessio
 from werkzeug.wrappers import Response
 
 from app import audit, tokens
+from app.config import current_settings
 from app.console import bp
 from app.console.forms import LoginForm
 from app.db import begin_read_only
@@ -34,7 +35,7 @@ def _key_fingerprint() -> str:
     An HMAC under the session secret, so the signed cookie never carries anything derived from
     the key alone (P2).
     """
-    settings = current_app.config["MODELFORGE"]
+    settings = current_settings()
     return hmac.new(
         settings.secret_key.encode(), b"operator-session:" + settings.operator_api_key.encode(), hashlib.sha256
     ).hexdigest()[:32]
@@ -102,7 +103,7 @@ def login():
     status, error = 200, None
     if request.method == "POST":
         if form.validate_on_submit():
-            expected = current_app.config["MODELFORGE"].operator_api_key
+            expected = current_settings().operator_api_key
             if tokens.same_secret(expected, form.operator_key.data.strip()):
                 # The right key always gets in, even over the limit: anyone who can reach /login
                 # could otherwise lock the operator out. The key is long and random (at least 32

@@ -8,10 +8,9 @@ wizard closes, readiness is checked, the token is revoked or the countdown reach
 
 from __future__ import annotations
 
-from flask import current_app
-
 from app import enrollment, readiness
 from app.api.enrollments import current_api_origin
+from app.config import current_settings
 from app.console import bp, page_or_partial
 from app.console.auth import login_required
 from app.console.commands import AgentEnv, ImageSource, env_file, recreate_command, start_command
@@ -20,10 +19,6 @@ from app.db import begin_read_only
 from app.errors import DomainError
 from app.models import EnrollmentState
 from app.timeutil import utcnow
-
-
-def _settings():
-    return current_app.config["MODELFORGE"]
 
 
 def _wizard(template_partial: str, status: int = 200, **context):
@@ -89,7 +84,7 @@ def _progress_context(enrollment_id: str) -> dict[str, object]:
     agent_image = ImageSource.from_json(minted.agent_image)
     return {
         "enrollment": minted,
-        "readiness": readiness.for_enrollment(minted, _settings()),
+        "readiness": readiness.for_enrollment(minted, current_settings()),
         "recreate_command": recreate_command(agent_image),
         "start_command": start_command(agent_image),
         "States": EnrollmentState,
@@ -110,8 +105,13 @@ def enrollment_readiness(enrollment_id: str):
     """R2: the readiness panel; it polls itself until the node is ready or the token is dead."""
     begin_read_only()
     context = _progress_context(enrollment_id)
-    return page_or_partial("enroll.html", "partials/_readiness_panel.html", step="partials/_enroll_progress.html",
-                           active="enroll", **context)
+    return page_or_partial(
+        "enroll.html",
+        "partials/_readiness_panel.html",
+        step="partials/_enroll_progress.html",
+        active="enroll",
+        **context,
+    )
 
 
 @bp.post("/hardware/enrollments/<enrollment_id>/revoke")

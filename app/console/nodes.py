@@ -8,6 +8,7 @@ from datetime import timedelta
 from flask import abort, current_app, redirect, render_template, request, url_for
 
 from app import audit, nodes, readiness, telemetry_history
+from app.config import current_settings
 from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.auth import login_required
 from app.console.charts import line_chart
@@ -28,10 +29,6 @@ CHART_UNITS = {
     "temperature_c": ("Temperature", "°C"),
     "power_w": ("Power", "W"),
 }
-
-
-def _settings():
-    return current_app.config["MODELFORGE"]
 
 
 @bp.get("/")
@@ -63,7 +60,7 @@ def nodes_page():
     error = None
     if status and status not in STATUS_FILTERS:
         error, status = f"Unknown status {status[:40]!r}; showing every node.", ""
-    rows = nodes.summaries(_settings())
+    rows = nodes.summaries(current_settings())
     counts = Counter("disabled" if row.disabled else row.status for row in rows)
     duplicates = sorted({row.hostname for row in rows if row.suspected_duplicate_hostname})
     shown = [row for row in rows if _matches(row, status, needle)] if status or needle else rows
@@ -83,7 +80,7 @@ def nodes_page():
 
 
 def _node_or_404(node_id: str) -> dict[str, object]:
-    described = nodes.describe([node_id], _settings())
+    described = nodes.describe([node_id], current_settings())
     if not described:
         abort(404)
     return described[0]
@@ -96,7 +93,7 @@ def _live_context(node_id: str) -> dict[str, object]:
         "node": node,
         # C3: the agent version and protocol were last reported at enrolment or inventory time.
         "agent_reported_at": lease.last_seen_at if lease else None,
-        "readiness": readiness.for_node(node_id, _settings()),
+        "readiness": readiness.for_node(node_id, current_settings()),
         "timeline": audit.events(node_id=node_id, limit=TIMELINE_LENGTH),
     }
 
@@ -106,7 +103,7 @@ def _charts_context(node: dict[str, object], window_name: str) -> dict[str, obje
     now = utcnow()
     start = now - window
     # A stretch with no samples longer than the stale threshold is drawn as a gap (P3).
-    max_gap = None if bucket else timedelta(seconds=_settings().node_stale_after_seconds)
+    max_gap = None if bucket else timedelta(seconds=current_settings().node_stale_after_seconds)
     history = telemetry_history.history(str(node["id"]), window, now, bucket=bucket, max_gap=max_gap)
     gpus = {gpu["uuid"]: gpu for gpu in node["gpus"]}
     charts = []
