@@ -198,9 +198,7 @@ def summaries(settings: Settings) -> list[NodeSummary]:
     ).all()
     models: dict[str, dict[str, int]] = defaultdict(dict)
     for node_id, name, count in db.session.execute(
-        sa.select(Gpu.node_id, Gpu.name, sa.func.count())
-        .where(Gpu.present.is_(True))
-        .group_by(Gpu.node_id, Gpu.name)
+        sa.select(Gpu.node_id, Gpu.name, sa.func.count()).where(Gpu.present.is_(True)).group_by(Gpu.node_id, Gpu.name)
     ):
         models[node_id][name or "unknown model"] = count
     shared = _shared_hostnames()
@@ -233,9 +231,7 @@ def summaries(settings: Settings) -> list[NodeSummary]:
 def credentials(node_id: str) -> list[Credential]:
     """Every credential this node has held, newest first (metadata only)."""
     return list(
-        db.session.scalars(
-            sa.select(Credential).where(Credential.node_id == node_id).order_by(Credential.id.desc())
-        )
+        db.session.scalars(sa.select(Credential).where(Credential.node_id == node_id).order_by(Credential.id.desc()))
     )
 
 

@@ -186,8 +186,10 @@ def run(database_url: str, instance: Path, count: int, requests: int, audit_even
         if database_url.startswith("postgresql"):
             db.session.execute(sa.text("ANALYZE"))
             db.session.commit()
-        print(f"  seeded {count} nodes, a day of samples for 8 GPUs and {audit_events} audit events"
-              f" in {time.perf_counter() - started:.1f} s")
+        print(
+            f"  seeded {count} nodes, a day of samples for 8 GPUs and {audit_events} audit events"
+            f" in {time.perf_counter() - started:.1f} s"
+        )
         db.engine.dispose()
     gc.collect()
     app = create_app(app_env(database_url, instance))
@@ -198,11 +200,17 @@ def run(database_url: str, instance: Path, count: int, requests: int, audit_even
     assert client.post("/login", data={"operator_key": OPERATOR_KEY, "csrf_token": csrf}).status_code == 302
     healthz = report("/healthz", timed(client, "/healthz", requests))
     page = report(f"nodes page, {count} nodes", timed(client, "/hardware/nodes", requests), healthz)
-    report(f"nodes fragment (htmx poll), {count} nodes", timed(client, "/hardware/nodes", requests,
-                                                              {"HX-Request": "true"}), healthz)
+    report(
+        f"nodes fragment (htmx poll), {count} nodes",
+        timed(client, "/hardware/nodes", requests, {"HX-Request": "true"}),
+        healthz,
+    )
     report("node page, 8 GPUs, hour charts", timed(client, f"/hardware/nodes/{busy_node}", requests), healthz)
-    report("day charts fragment, 8 GPUs", timed(client, f"/hardware/nodes/{busy_node}/charts?window=day",
-                                                requests, {"HX-Request": "true"}), healthz)
+    report(
+        "day charts fragment, 8 GPUs",
+        timed(client, f"/hardware/nodes/{busy_node}/charts?window=day", requests, {"HX-Request": "true"}),
+        healthz,
+    )
     report(f"audit log, {audit_events} events", timed(client, "/audit", requests), healthz)
     report("audit log, one action", timed(client, "/audit?action=node.offline", requests), healthz)
     size = len(client.get("/hardware/nodes").get_data())

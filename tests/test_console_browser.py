@@ -50,7 +50,7 @@ GPU_SCENARIO = json.dumps(
 # them exactly as Compose would, maps the container paths to the test's "volumes", and runs
 # the real agent in the background. It records which env files it got and their modes (never
 # their contents), so the test can check the token file was 0600 and dropped on recreate.
-STANDIN_DOCKER = r'''#!{python}
+STANDIN_DOCKER = r"""#!{python}
 import json, os, re, signal, subprocess, sys, time
 import yaml
 
@@ -95,7 +95,7 @@ with open(os.path.join(home, "agent.log"), "ab") as agent_log:
     process = subprocess.Popen([sys.executable, "-m", "modelforge_node_agent"], env=env, stdout=agent_log,
                                stderr=subprocess.STDOUT, start_new_session=True)
 open(pid_file, "w").write(str(process.pid))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -339,8 +339,15 @@ def test_the_release_bundle_is_the_default_and_its_manifest_entry_is_checked(pag
         "architecture": "amd64",
         "rootfs_layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64],
         "labels": {"org.opencontainers.image.version": "1.3.0-rc.1"},
-        "config": {"entrypoint": ["/usr/bin/python3"], "cmd": [], "env": [], "volumes": [], "exposed_ports": [],
-                   "user": "65532", "working_dir": ""},
+        "config": {
+            "entrypoint": ["/usr/bin/python3"],
+            "cmd": [],
+            "env": [],
+            "volumes": [],
+            "exposed_ports": [],
+            "user": "65532",
+            "working_dir": "",
+        },
     }
     page.fill("#release_entry", json.dumps({"images": {"modelforge-node-agent": entry}}, indent=2))
     page.click("button:has-text('Create one-time token')")

@@ -20,6 +20,8 @@ from app.release_manifest import NODE_AGENT, ImageRecord, record_from_json
 COMPOSE_FILE = "docker-compose.node-agent.yml"
 ACCELERATOR_MODES = ("nvidia", "cpu", "auto")
 LOCAL_IMAGE = f"{NODE_AGENT}:local"
+
+
 # registry[:port]/path/name@sha256:<digest>, lower case as the distribution spec writes names.
 @dataclass(frozen=True)
 class ImageSource:
