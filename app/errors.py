@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class DomainError(Exception):
-    """A refusal the caller can act on; the API maps `code` to a status."""
+    """A refusal the caller can act on; app.web_errors maps `code` to an HTTP status."""
 
     def __init__(self, code: str, message: str, next_step: str, **extra: object) -> None:
         super().__init__(message)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sqlite3
 from datetime import timedelta
 from html import unescape
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.exc import OperationalError
 
 from app import create_app
 from app.extensions import db
@@ -837,3 +839,31 @@ def test_api_still_answers_json_with_the_admin_header(client):
     response = client.get("/api/v1/hardware/nodes", headers=ADMIN)
     assert response.status_code == 200 and response.is_json
     assert "Content-Security-Policy" not in response.headers
+
+
+# --------------------------------------------------------------------------- P5 failures as pages
+
+
+@pytest.mark.parametrize(
+    ("failure", "status", "title"),
+    [
+        (OperationalError("SELECT 1", None, sqlite3.OperationalError("locked")), 503, "Database unavailable"),
+        (RuntimeError("detail for the log only"), 500, "Internal server error"),
+    ],
+    ids=["database-unavailable", "unexpected"],
+)
+def test_a_failing_console_page_is_an_html_error_page_or_fragment(console, monkeypatch, failure, status, title):
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr("app.nodes.summaries", fail)
+    page = console.get("/hardware/nodes")
+    fragment = console.get("/hardware/nodes", headers=HTMX)
+    for response in (page, fragment):
+        html = response.get_data(as_text=True)
+        assert response.status_code == status and response.mimetype == "text/html"
+        assert title in html and 'class="mf-error"' in html and "detail for the log only" not in html
+        assert response.headers.get("Retry-After") == ("2" if status == 503 else None)
+        assert "HX-Request" in response.headers["Vary"] and response.headers["Cache-Control"] == "no-store"
+    assert "<html" in page.get_data(as_text=True)
+    assert "<html" not in fragment.get_data(as_text=True)

@@ -6,13 +6,9 @@ from datetime import timedelta
 
 from flask import Blueprint, Flask, render_template, request
 from flask.sessions import SecureCookieSessionInterface
-from flask_wtf.csrf import CSRFError
-from werkzeug.exceptions import HTTPException
 
-from app.api.errors import STATUS_BY_CODE
 from app.config import current_settings
 from app.console import formatting
-from app.errors import DomainError
 
 bp = Blueprint("console", __name__)
 
@@ -48,18 +44,6 @@ def render_error(status: int, title: str, message: str, next_step: str):
     return page, status
 
 
-def render_domain_error(error: DomainError):
-    """A domain refusal (P5) as the console shows it."""
-    return render_error(STATUS_BY_CODE.get(error.code, 400), error.code, error.message, error.next_step)
-
-
-def render_http_error(error: HTTPException):
-    """404, 405, 413… outside the API."""
-    if error.code and error.code < 400:
-        return error
-    return render_error(error.code or 500, error.name, error.description or error.name, "Go back and try again.")
-
-
 def init_app(app: Flask) -> None:
     """Register the console blueprint, its session cookie policy and response headers."""
     from app.console import audit_log, auth, enroll, nodes  # noqa: F401  (views register on bp)
@@ -89,16 +73,6 @@ def init_app(app: Flask) -> None:
         response.headers.setdefault("Referrer-Policy", "same-origin")
         response.headers.setdefault("X-Frame-Options", "DENY")
         return response
-
-    @app.errorhandler(CSRFError)
-    def on_csrf_error(error: CSRFError):
-        # C1: a form or htmx request without a valid CSRF token changes nothing.
-        return render_error(
-            400,
-            "Form expired",
-            "This form's security token is missing or stale, so nothing was changed.",
-            "Reload the page and try again.",
-        )
 
     @app.context_processor
     def console_context():

@@ -1,0 +1,139 @@
+"""Every app-wide error handler (P5): the API's JSON error shape on API paths, the console's page elsewhere.
+
+The API and the console each own how an error looks (`app.api.errors.error_response`,
+`app.console.render_error`); this module owns which status and words each error gets, so
+neither package needs the other.
+"""
+
+from __future__ import annotations
+
+from flask import Flask, current_app, make_response, request
+from flask_wtf.csrf import CSRFError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from werkzeug.exceptions import HTTPException
+
+from app.api.errors import ApiError, error_response
+from app.console import render_error
+from app.errors import DomainError
+from app.extensions import db
+
+# P5: the HTTP status of each domain refusal; any other code is a 400.
+STATUS_BY_CODE = {
+    "ENROLLMENT_NOT_FOUND": 404,
+    "NODE_NOT_FOUND": 404,
+    "ENROLLMENT_NOT_PENDING": 409,
+    "ENROLLMENT_TOKEN_INVALID": 401,
+    "ENROLLMENT_TOKEN_CONSUMED": 409,
+    "ENROLLMENT_TOKEN_REVOKED": 410,
+    "ENROLLMENT_TOKEN_EXPIRED": 410,
+    "API_ORIGIN_MISMATCH": 409,
+    "NODE_ALREADY_ENROLLED": 409,
+    "CREDENTIAL_INVALID": 401,
+    "CREDENTIAL_REVOKED": 401,
+    "NODE_DISABLED": 403,
+    "NO_ACTIVE_CREDENTIAL": 409,
+}
+
+# The API's code and next step for errors Werkzeug raises before or instead of a view.
+_HTTP_CODES = {
+    400: ("BAD_REQUEST", "Send a well-formed request."),
+    404: ("NOT_FOUND", "Check the path against GET /api/v1/openapi.json."),
+    405: ("METHOD_NOT_ALLOWED", "Check the method against GET /api/v1/openapi.json."),
+    413: ("REQUEST_TOO_LARGE", "Send a smaller body."),
+    415: ("UNSUPPORTED_MEDIA_TYPE", "Send Content-Type: application/json."),
+}
+
+DATABASE_UNAVAILABLE = (
+    "The database is busy or unreachable; nothing was changed.",
+    "Retry shortly; if it persists, check the database server and MODELFORGE_DATABASE_URL.",
+)
+INTERNAL_ERROR = ("The control plane hit an unexpected error.", "Check the server log.")
+RETRY_AFTER_SECONDS = "2"
+
+
+def is_api_request() -> bool:
+    """Whether this request is the API's (JSON errors) rather than the console's (HTML errors)."""
+    return request.path.startswith("/api/") or request.path == "/healthz"
+
+
+def on_api_error(error: ApiError):
+    """An HTTP-level refusal raised by an API view."""
+    db.session.rollback()
+    if not is_api_request():
+        return render_error(error.status, error.code, error.message, error.next_step)
+    return error_response(error.status, error.code, error.message, error.next_step, **error.extra)
+
+
+def on_domain_error(error: DomainError):
+    """A domain refusal, with the status its code maps to."""
+    db.session.rollback()
+    status = STATUS_BY_CODE.get(error.code, 400)
+    if not is_api_request():
+        return render_error(status, error.code, error.message, error.next_step)
+    response = error_response(status, error.code, error.message, error.next_step, **error.extra)
+    if status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def on_http_error(error: HTTPException):
+    """404, 405, 413… raised by Werkzeug or `abort()`."""
+    if not is_api_request():
+        if error.code and error.code < 400:
+            return error
+        return render_error(error.code or 500, error.name, error.description or error.name, "Go back and try again.")
+    code, next_step = _HTTP_CODES.get(error.code or 500, ("HTTP_ERROR", "See the message."))
+    response = error_response(error.code or 500, code, error.description or error.name, next_step)
+    if error.code == 405 and error.valid_methods:
+        response.headers["Allow"] = ", ".join(error.valid_methods)
+    return response
+
+
+def on_csrf_error(error: CSRFError):
+    """C1: a console form or htmx request without a valid CSRF token changes nothing."""
+    if is_api_request():  # the API is CSRF-exempt (STYLE 6); were it not, it would still answer JSON
+        return on_http_error(error)
+    return render_error(
+        400,
+        "Form expired",
+        "This form's security token is missing or stale, so nothing was changed.",
+        "Reload the page and try again.",
+    )
+
+
+def on_database_unavailable(error: OperationalError):
+    """503 with Retry-After: the database is down or locked, not the request wrong."""
+    db.session.rollback()
+    current_app.logger.warning("database unavailable: %s", type(error.orig).__name__)
+    message, next_step = DATABASE_UNAVAILABLE
+    if is_api_request():
+        response = error_response(503, "DATABASE_UNAVAILABLE", message, next_step)
+    else:
+        response = make_response(render_error(503, "Database unavailable", message, next_step))
+    response.headers["Retry-After"] = RETRY_AFTER_SECONDS
+    return response
+
+
+def on_internal_error(error: Exception):
+    """Any other failure: roll back and log it; the body never echoes input."""
+    # The 500 handler rolls the session back (microblog).
+    db.session.rollback()
+    original = getattr(error, "original_exception", error)
+    current_app.logger.error(
+        "unhandled %s on %s %s", type(original).__name__, request.method, request.path, exc_info=original
+    )
+    message, next_step = INTERNAL_ERROR
+    if not is_api_request():
+        return render_error(500, "Internal server error", message, next_step)
+    return error_response(500, "INTERNAL_ERROR", message, next_step)
+
+
+def init_app(app: Flask) -> None:
+    """Register every app-wide error handler; Flask picks the most specific class for each error."""
+    app.register_error_handler(ApiError, on_api_error)
+    app.register_error_handler(DomainError, on_domain_error)
+    app.register_error_handler(HTTPException, on_http_error)
+    app.register_error_handler(CSRFError, on_csrf_error)  # a BadRequest, so it beats HTTPException
+    app.register_error_handler(OperationalError, on_database_unavailable)  # beats SQLAlchemyError
+    app.register_error_handler(SQLAlchemyError, on_internal_error)
+    app.register_error_handler(500, on_internal_error)
