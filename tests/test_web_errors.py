@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import sqlite3
+from pathlib import Path
 
 import pytest
 from sqlalchemy.exc import OperationalError
 
 from app import create_app
 from app.extensions import db
-from tests.support import ADMIN, app_env
+from tests.support import ADMIN, PROJECT_ROOT, app_env
 
 UNREACHABLE_DATABASE = "postgresql+psycopg://nobody@127.0.0.1:1/none"
 DATABASE_UNAVAILABLE = {
@@ -63,3 +65,37 @@ def test_the_console_is_an_html_503_when_the_database_is_unreachable(tmp_path):
     assert client.get("/healthz").get_json() == DATABASE_UNAVAILABLE
     with application.app_context():
         db.engine.dispose()
+
+
+def imported_modules(path: Path, package: str) -> set[str]:
+    """Every module `path` imports, at the top or inside a function, as absolute dotted names."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # `from . import x`, `from ..y import z`
+                parent = package.rsplit(".", node.level - 1)[0]
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from app import console`
+    return found
+
+
+@pytest.mark.parametrize(("package", "other"), [("app.api", "app.console"), ("app.console", "app.api")])
+def test_the_api_and_the_console_import_nothing_from_each_other(package, other):
+    directory = PROJECT_ROOT.joinpath(*package.split("."))
+    modules = sorted(directory.rglob("*.py"))
+    assert modules
+    crossing = {
+        str(path.relative_to(PROJECT_ROOT)): sorted(
+            name for name in imported_modules(path, package) if name == other or name.startswith(other + ".")
+        )
+        for path in modules
+    }
+    assert {path: names for path, names in crossing.items() if names} == {}
+
+
+def test_the_import_scan_sees_imports_inside_functions():
+    assert "app.api.openapi" in imported_modules(PROJECT_ROOT / "app" / "api" / "__init__.py", "app.api")

@@ -8,13 +8,9 @@ from app import enrollment, readiness
 from app.api import bodies, bp, json_response
 from app.api.auth import admin_required
 from app.api.validation import invalid, json_object
-from app.config import current_settings, normalize_origin
+from app.config import current_settings
 from app.models import EnrollmentState
-
-
-def current_api_origin() -> str:
-    """E3: the origin agents must use — MODELFORGE_PUBLIC_API_ORIGIN, else this request's own."""
-    return current_settings().public_api_origin or normalize_origin(request.host_url) or request.host_url
+from app.public_origin import current_api_origin
 
 
 @bp.post("/admin/node-enrollments")
