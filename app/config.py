@@ -39,7 +39,6 @@ class Settings:
     node_stale_after_seconds: int
     node_offline_after_seconds: int
     sweep_interval_seconds: int
-    hardware_refresh_on_startup: bool
     max_request_bytes: int
     trusted_proxy_hops: int
     telemetry_raw_retention_seconds: int
@@ -217,7 +216,6 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         node_stale_after_seconds=stale,
         node_offline_after_seconds=offline,
         sweep_interval_seconds=_int(env, "MODELFORGE_SWEEP_INTERVAL_SECONDS", 5),
-        hardware_refresh_on_startup=_bool(env, "MODELFORGE_HARDWARE_REFRESH_ON_STARTUP", False),
         max_request_bytes=_int(env, "MODELFORGE_MAX_REQUEST_BYTES", 256 * 1024, minimum=1024, unit="bytes"),
         trusted_proxy_hops=_int(env, "MODELFORGE_TRUSTED_PROXY_HOPS", 0, minimum=0, unit="proxies"),
         telemetry_raw_retention_seconds=raw_retention,

@@ -25,7 +25,6 @@ def test_defaults_match_the_spec(tmp_path):
     assert loaded.node_stale_after_seconds == 45
     assert loaded.node_offline_after_seconds == 120
     assert loaded.sweep_interval_seconds == 5
-    assert loaded.hardware_refresh_on_startup is False
     assert loaded.database_url == f"sqlite:///{tmp_path / 'modelforge.sqlite3'}"
     assert loaded.public_api_origin is None
 
@@ -47,7 +46,6 @@ def test_defaults_match_the_spec(tmp_path):
         ({"MODELFORGE_DATABASE_URL": "mysql://root@db/x"}, "MODELFORGE_DATABASE_URL"),
         ({"MODELFORGE_DATABASE_URL": "sqlite://relative.db"}, "MODELFORGE_DATABASE_URL"),
         ({"MODELFORGE_PUBLIC_API_ORIGIN": "not a url"}, "MODELFORGE_PUBLIC_API_ORIGIN"),
-        ({"MODELFORGE_HARDWARE_REFRESH_ON_STARTUP": "maybe"}, "MODELFORGE_HARDWARE_REFRESH_ON_STARTUP"),
         ({"MODELFORGE_TRUSTED_PROXY_HOPS": "yes"}, "MODELFORGE_TRUSTED_PROXY_HOPS must be a whole number of proxies"),
         ({"MODELFORGE_TRUSTED_PROXY_HOPS": "-1"}, "MODELFORGE_TRUSTED_PROXY_HOPS must be at least 0"),
     ],

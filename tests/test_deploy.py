@@ -304,7 +304,6 @@ def test_control_plane_compose():
     service = document["services"]["control-plane"]
     environment = service["environment"]
     assert environment["MODELFORGE_OPERATOR_API_KEY"] == "${MODELFORGE_OPERATOR_API_KEY:?set it in .env}"
-    assert environment["MODELFORGE_HARDWARE_REFRESH_ON_STARTUP"] == "false"
     assert environment["MODELFORGE_BIND"] == "0.0.0.0:8000"
     assert environment["MODELFORGE_INSTANCE_PATH"] == "/app/instance"
     assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile.control-plane"}
@@ -752,3 +751,14 @@ def test_vendored_compose_schema_matches_the_shared_reference():
     if not SHARED_COMPOSE_SCHEMA.exists():
         pytest.skip("../shared/reference is not beside this checkout")
     assert COMPOSE_SCHEMA.read_bytes() == SHARED_COMPOSE_SCHEMA.read_bytes()
+
+
+def test_every_control_plane_setting_the_deploy_files_set_is_read_by_the_control_plane():
+    # A variable set in the image or compose file but read by nothing is a promise the control plane
+    # does not keep (MODELFORGE_HARDWARE_REFRESH_ON_STARTUP was one, parsed and never used).
+    source = "\n".join(path.read_text(encoding="utf-8") for path in (PROJECT_ROOT / "app").rglob("*.py"))
+    compose = load(CONTROL_PLANE_COMPOSE)["services"]["control-plane"]["environment"]
+    dockerfile = re.findall(r"\b(MODELFORGE_[A-Z_]+)=", (DEPLOY / "Dockerfile.control-plane").read_text(encoding="utf-8"))
+    assert compose and dockerfile
+    for name in set(compose) | set(dockerfile):
+        assert f'"{name}"' in source, f"the deploy files set {name}, which the control plane never reads"
