@@ -34,6 +34,7 @@ test: $(TEST_INSTALLED)
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 ## Benchmarks print figures; see README.
 bench: $(TEST_INSTALLED)

@@ -578,8 +578,15 @@ RELEASE_ENTRY = {
     "os": "linux",
     "rootfs_layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64],
     "labels": {"org.opencontainers.image.version": "1.3.0-rc.1", "org.opencontainers.image.revision": "abc"},
-    "config": {"entrypoint": ["/usr/bin/python3", "-m", "modelforge_node_agent"], "cmd": [], "env": [],
-               "volumes": [], "exposed_ports": [], "user": "65532", "working_dir": ""},
+    "config": {
+        "entrypoint": ["/usr/bin/python3", "-m", "modelforge_node_agent"],
+        "cmd": [],
+        "env": [],
+        "volumes": [],
+        "exposed_ports": [],
+        "user": "65532",
+        "working_dir": "",
+    },
     "image_id": "sha256:" + "c" * 64,
 }
 PINNED = "registry.lan:5000/ml/modelforge-node-agent:1.3.0@sha256:" + "d" * 64
@@ -608,8 +615,10 @@ def test_the_wizard_defaults_to_the_release_bundle_and_needs_its_manifest_entry(
         ({"image_source": "digest", "pinned_reference": PINNED + "; rm -rf /"}, "Pin the image by digest"),
         ({"image_source": "docker-hub"}, "Not a valid choice"),
         # a lone surrogate once passed validation, minted a token, then failed to render (500)
-        ({"image_source": "release", "release_entry": json.dumps({**RELEASE_ENTRY, "labels": {"x": "\ud800"}})},
-         "printable"),
+        (
+            {"image_source": "release", "release_entry": json.dumps({**RELEASE_ENTRY, "labels": {"x": "\ud800"}})},
+            "printable",
+        ),
     ],
 )
 def test_a_bad_image_choice_is_refused_before_minting(app, console, fields, message):
