@@ -758,7 +758,9 @@ def test_every_control_plane_setting_the_deploy_files_set_is_read_by_the_control
     # does not keep (MODELFORGE_HARDWARE_REFRESH_ON_STARTUP was one, parsed and never used).
     source = "\n".join(path.read_text(encoding="utf-8") for path in (PROJECT_ROOT / "app").rglob("*.py"))
     compose = load(CONTROL_PLANE_COMPOSE)["services"]["control-plane"]["environment"]
-    dockerfile = re.findall(r"\b(MODELFORGE_[A-Z_]+)=", (DEPLOY / "Dockerfile.control-plane").read_text(encoding="utf-8"))
+    dockerfile = re.findall(
+        r"\b(MODELFORGE_[A-Z_]+)=", (DEPLOY / "Dockerfile.control-plane").read_text(encoding="utf-8")
+    )
     assert compose and dockerfile
     for name in set(compose) | set(dockerfile):
         assert f'"{name}"' in source, f"the deploy files set {name}, which the control plane never reads"
