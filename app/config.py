@@ -39,6 +39,8 @@ class Settings:
     node_stale_after_seconds: int
     node_offline_after_seconds: int
     sweep_interval_seconds: int
+    job_lease_seconds: int
+    job_progress_interval_seconds: int
     max_request_bytes: int
     trusted_proxy_hops: int
     telemetry_raw_retention_seconds: int
@@ -205,6 +207,8 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         )
 
     bind = env.get("MODELFORGE_BIND", "").strip() or "127.0.0.1:8000"
+    # J2: an agent reports at least three times per lease, so one lost report never costs the job.
+    lease = _int(env, "MODELFORGE_JOB_LEASE_SECONDS", 60, minimum=3)
     return Settings(
         instance_path=instance_path,
         operator_api_key=operator_key,
@@ -216,6 +220,8 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         node_stale_after_seconds=stale,
         node_offline_after_seconds=offline,
         sweep_interval_seconds=_int(env, "MODELFORGE_SWEEP_INTERVAL_SECONDS", 5),
+        job_lease_seconds=lease,
+        job_progress_interval_seconds=max(1, min(5, lease // 3)),
         max_request_bytes=_int(env, "MODELFORGE_MAX_REQUEST_BYTES", 256 * 1024, minimum=1024, unit="bytes"),
         trusted_proxy_hops=_int(env, "MODELFORGE_TRUSTED_PROXY_HOPS", 0, minimum=0, unit="proxies"),
         telemetry_raw_retention_seconds=raw_retention,

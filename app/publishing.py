@@ -12,6 +12,7 @@ from app import audit, tokens
 from app.db import insert_ignoring_duplicates
 from app.errors import DomainError
 from app.extensions import db
+from app.jobs import queue, storage
 from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
 from app.models.telemetry import METRICS
 from app.timeutil import utcnow
@@ -43,10 +44,12 @@ _NOTE_VERSIONS = (
 _BEAT_COLUMNS = (*_VERSION_COLUMNS, "last_heartbeat_at", "health_status", "health_detail")
 # The common case: the node is online and stays so. The status condition is re-checked under
 # the row lock, so a sweep that marked the node stale first makes this match nothing (L2).
+# It returns what the reply needs (J1, J2), so the common case reads nothing else from the lease.
 _HEARTBEAT_WHILE_ONLINE = (
     _leases.update()
     .where(_leases.c.node_id == sa.bindparam("lease_node_id"), _leases.c.status == "online")
     .values({name: sa.bindparam(name) for name in _BEAT_COLUMNS})
+    .returning(_leases.c.capabilities, _leases.c.storage_roots_version)
 )
 _LEASE_STATUS_LOCKED = (
     sa.select(_leases.c.status).where(_leases.c.node_id == sa.bindparam("lease_node_id")).with_for_update()
@@ -55,6 +58,7 @@ _HEARTBEAT_BRINGING_ONLINE = (
     _leases.update()
     .where(_leases.c.node_id == sa.bindparam("lease_node_id"))
     .values({name: sa.bindparam(name) for name in _BEAT_COLUMNS} | {"status": "online"})
+    .returning(_leases.c.capabilities, _leases.c.storage_roots_version)
 )
 _gpus = Gpu.__table__
 _GPU_IDS = sa.select(_gpus.c.uuid, _gpus.c.id).where(_gpus.c.node_id == sa.bindparam("gpu_node_id"))
@@ -137,13 +141,22 @@ class Versions:
         }
 
 
+@dataclass(frozen=True)
+class BeatReply:
+    """What a heartbeat's reply tells the agent beyond liveness (J1, J2)."""
+
+    jobs_waiting: int
+    storage_roots_version: int
+
+
 def record_heartbeat(
     publisher: Publisher,
     versions: Versions,
     health_status: str,
     health_detail: str | None,
     samples: list[dict[str, object]],
-) -> None:
+    observations: list[storage.Observation] = (),
+) -> BeatReply:
     """L2: one narrow lease UPDATE (liveness) and one batch INSERT (telemetry), one commit.
 
     Only a node that was not online (first heartbeat, or back from stale/offline) takes the
@@ -158,7 +171,8 @@ def record_heartbeat(
         "health_status": health_status,
         "health_detail": health_detail,
     }
-    if connection.execute(_HEARTBEAT_WHILE_ONLINE, beat).rowcount == 1:
+    lease = connection.execute(_HEARTBEAT_WHILE_ONLINE, beat).first()
+    if lease is not None:
         if connection.dialect.name == "postgresql":
             # A routine heartbeat and its samples are superseded seconds later: a crash may lose the last fraction
             # of a second of them, which beats waiting for a WAL flush on every one. Transitions
@@ -166,7 +180,7 @@ def record_heartbeat(
             connection.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
     else:
         previous = connection.execute(_LEASE_STATUS_LOCKED, {"lease_node_id": publisher.node_id}).scalar()
-        connection.execute(_HEARTBEAT_BRINGING_ONLINE, beat)
+        lease = connection.execute(_HEARTBEAT_BRINGING_ONLINE, beat).first()
         action = "node.online" if previous in (None, "pending") else "node.returned"
         audit.record(audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=previous)
     if samples:
@@ -177,7 +191,11 @@ def record_heartbeat(
             for sample in samples
         ]
         connection.execute(_INSERT_SAMPLES[connection.dialect.name], rows)
+    if observations:
+        storage.record_observations(publisher.node_id, observations)
+    waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities) if lease.capabilities else 0
     db.session.commit()
+    return BeatReply(jobs_waiting=waiting, storage_roots_version=lease.storage_roots_version)
 
 
 def note_versions(node_id: str, versions: Versions) -> None:
@@ -187,7 +205,11 @@ def note_versions(node_id: str, versions: Versions) -> None:
 
 
 def record_inventory(
-    publisher: Publisher, versions: Versions, facts: dict[str, object], gpus: list[dict[str, object]]
+    publisher: Publisher,
+    versions: Versions,
+    facts: dict[str, object],
+    gpus: list[dict[str, object]],
+    capabilities: list[str] = (),
 ) -> dict[str, int]:
     """N4: store the latest inventory, upsert GPUs by UUID, and audit what changed."""
     now = utcnow()
@@ -224,5 +246,9 @@ def record_inventory(
         audit.record(audit.agent_actor(node_id), "node.gpus_changed", node_id, added=added, removed=removed)
 
     db.session.connection().execute(_NOTE_VERSIONS, {"lease_node_id": node_id, **versions.columns(now)})
+    # J2: what it can run, read by every heartbeat for `jobs_waiting`.
+    db.session.execute(
+        sa.update(NodeLease).where(NodeLease.node_id == node_id).values(capabilities=sorted(set(capabilities)))
+    )
     db.session.commit()
     return {"gpus": len(reported), "gpus_added": len(added), "gpus_removed": len(removed)}

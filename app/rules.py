@@ -18,12 +18,14 @@ import re
 # Unicode text, no UTF-8 encoding exists for them — but no pattern says so: Rust and RE2 cannot even
 # name a surrogate, and tools built on them drop a pattern that does (schemathesis then generated
 # C1 controls as "valid" data).
-_FORBIDDEN = r"\x00-\x1f\x7f-\xa0\xad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\ufeff\ufff9-\ufffb"
-TEXT_PATTERN = rf"^[^{_FORBIDDEN}]*$"
+FORBIDDEN_CHARACTERS = (
+    r"\x00-\x1f\x7f-\xa0\xad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\ufeff\ufff9-\ufffb"
+)
+TEXT_PATTERN = rf"^[^{FORBIDDEN_CHARACTERS}]*$"
 # Required text: at least one character besides the ASCII space (the only space allowed at all).
-REQUIRED_TEXT_PATTERN = rf"^ *[^ {_FORBIDDEN}][^{_FORBIDDEN}]*$"
+REQUIRED_TEXT_PATTERN = rf"^ *[^ {FORBIDDEN_CHARACTERS}][^{FORBIDDEN_CHARACTERS}]*$"
 TEXT_RULE = "printable text (no control, format or separator characters, no space but ' ')"
-_TEXT = re.compile(rf"[^{_FORBIDDEN}]*")
+_TEXT = re.compile(rf"[^{FORBIDDEN_CHARACTERS}]*")
 
 
 def is_text(value: str) -> bool:

@@ -35,6 +35,7 @@ from app import enrollment, liveness, retention
 from app.config import Settings, current_settings
 from app.db import insert_ignoring_duplicates
 from app.extensions import db
+from app.jobs import queue
 from app.models import SweepTick
 from app.timeutil import utcnow
 
@@ -68,6 +69,8 @@ def sweeps(settings: Settings) -> dict[str, tuple[int, Callable[[], dict[str, in
         "liveness": (settings.sweep_interval_seconds, lambda: liveness.sweep(settings)),
         "enrollment-expiry": (settings.sweep_interval_seconds, lambda: {"expired": enrollment.sweep_expired()}),
         "telemetry-retention": (RETENTION_INTERVAL_SECONDS, lambda: retention.sweep(settings)),
+        # J2: a job whose agent went silent is requeued within one tick after its lease.
+        "job-leases": (settings.sweep_interval_seconds, queue.sweep_expired_leases),
     }
 
 

@@ -32,6 +32,14 @@ STATUS_BY_CODE = {
     "CREDENTIAL_REVOKED": 401,
     "NODE_DISABLED": 403,
     "NO_ACTIVE_CREDENTIAL": 409,
+    "STORAGE_ROOT_NOT_FOUND": 404,
+    "STORAGE_ROOT_EXISTS": 409,
+    "STORAGE_ROOT_IN_USE": 409,
+    "STORAGE_ROOT_NOT_ON_NODE": 409,
+    "JOB_NOT_FOUND": 404,
+    "JOB_FINISHED": 409,
+    "JOB_NOT_RETRYABLE": 409,
+    "JOB_LEASE_LOST": 409,
 }
 
 # The API's code and next step for errors Werkzeug raises before or instead of a view.

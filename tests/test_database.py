@@ -20,7 +20,7 @@ def test_migrated_schema_matches_the_models(app):
     with app.app_context(), db.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, db.metadata) == []
-        assert context.get_current_revision() == "0002_enrollment_agent_image"
+        assert context.get_current_revision() == "0003_jobs"
 
 
 def test_upgrading_an_existing_database_keeps_its_enrolments(tmp_path):
@@ -49,6 +49,35 @@ def test_upgrading_an_existing_database_keeps_its_enrolments(tmp_path):
             columns = [column["name"] for column in sa.inspect(connection).get_columns("enrollments")]
             assert "agent_image" not in columns
             assert connection.execute(sa.text("SELECT count(*) FROM enrollments")).scalar() == 1
+
+
+def test_upgrading_to_jobs_keeps_every_node_and_gives_its_lease_no_capabilities(tmp_path):
+    """0002 → 0003 on a database with a node: the lease gains `[]` capabilities; then back down (J1, J2)."""
+    from flask_migrate import downgrade, upgrade
+
+    from app import create_app
+    from tests.support import app_env
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    app = create_app(app_env(url, tmp_path))
+    with app.app_context():
+        upgrade(revision="0002_enrollment_agent_image")
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(
+                "INSERT INTO nodes (id, display_name, hostname, labels, production_eligible, lab_eligible,"
+                " benchmark_eligible, disabled, created_at, enrolled_at) VALUES ('n-1', 'old', 'gpu', '{}', 0, 0, 0, 0,"
+                " '2026-11-30', '2026-11-30')"
+            ))  # fmt: skip
+            connection.execute(sa.text("INSERT INTO node_leases (node_id, status) VALUES ('n-1', 'online')"))
+        upgrade()
+        with db.engine.connect() as connection:
+            row = connection.execute(sa.text("SELECT capabilities, storage_roots_version FROM node_leases")).one()
+            assert tuple(row) == ("[]", 0)
+            assert {"storage_roots", "jobs", "artifacts"} <= set(sa.inspect(connection).get_table_names())
+        downgrade(revision="0002_enrollment_agent_image")
+        with db.engine.connect() as connection:
+            assert "jobs" not in sa.inspect(connection).get_table_names()
+            assert connection.execute(sa.text("SELECT count(*) FROM node_leases")).scalar() == 1
 
 
 def test_sqlite_runs_in_wal_with_foreign_keys_and_a_busy_timeout(sqlite_app):

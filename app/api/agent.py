@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from flask import current_app
 
 from app import enrollment, publishing
@@ -11,9 +13,10 @@ from app.api.errors import ApiError
 from app.api.validation import invalid, json_object
 from app.compat import COMPATIBLE, compatibility
 from app.config import current_settings, normalize_origin
+from app.jobs import storage
 
 
-def _versions(data: dict[str, object]) -> tuple[publishing.Versions, dict[str, object]]:
+def versions_of(data: dict[str, object]) -> tuple[publishing.Versions, dict[str, object]]:
     """The request's versions and its compatibility answer (A1); a bad agent_version is a 400 first."""
     protocol_version = data.get("protocol_version")
     answer = compatibility(protocol_version)
@@ -48,7 +51,7 @@ def _reply(answer: dict[str, object], http_status: int = 200, **payload: object)
     )
 
 
-def _refuse_if_incompatible(versions: publishing.Versions, answer: dict[str, object]) -> None:
+def refuse_if_incompatible(versions: publishing.Versions, answer: dict[str, object]) -> None:
     """A1: refuse an incompatible agent before reading its body further; its node remembers why."""
     if answer["answer"] != COMPATIBLE:
         publisher = publishing.authenticate(bearer_credential())
@@ -56,11 +59,33 @@ def _refuse_if_incompatible(versions: publishing.Versions, answer: dict[str, obj
         raise _incompatible(answer)
 
 
+class AgentRequest(NamedTuple):
+    """An enrolled agent's request, read in the one order every agent endpoint keeps (A1, A5)."""
+
+    versions: publishing.Versions
+    answer: dict[str, object]
+    body: bodies.Body
+    publisher: publishing.Publisher
+
+
+def agent_request(model: type[bodies.Body]) -> AgentRequest:
+    """Versions first (426 for another protocol), then the whole body (400), authentication last.
+
+    Validated first, authenticated last: on SQLite the write transaction, and its lock, starts with
+    the credential lookup, so a bad body never queues behind other writers.
+    """
+    data = json_object()
+    versions, answer = versions_of(data)
+    refuse_if_incompatible(versions, answer)
+    body = bodies.parse(model, data)
+    return AgentRequest(versions, answer, body, publishing.authenticate(bearer_credential()))
+
+
 @bp.post("/agent/enroll")
 def enroll():
     """Claim an enrolment token exactly once and receive the node credential (E2, E3, I2, I4)."""
     data = json_object()
-    versions, answer = _versions(data)
+    versions, answer = versions_of(data)
     if answer["answer"] != COMPATIBLE:
         raise _incompatible(answer)  # the token is not spent on an agent that cannot talk to us
     body = bodies.parse(bodies.EnrollRequest, data)
@@ -93,27 +118,41 @@ def enroll():
 @bp.post("/agent/inventory")
 def inventory():
     """Store the node's latest inventory (N4)."""
-    data = json_object()
-    versions, answer = _versions(data)
-    _refuse_if_incompatible(versions, answer)
-    facts = bodies.parse(bodies.InventoryRequest, data).inventory
-    gpus = [gpu.model_dump() for gpu in facts.gpus]
-    stored_facts = facts.model_dump(exclude={"gpus"}, exclude_unset=True)
-    # Validated first, authenticated last: the write transaction (and its lock) starts here.
-    publisher = publishing.authenticate(bearer_credential())
-    counts = publishing.record_inventory(publisher, versions, stored_facts, gpus)
+    versions, answer, body, publisher = agent_request(bodies.InventoryRequest)
+    gpus = [gpu.model_dump() for gpu in body.inventory.gpus]
+    stored_facts = body.inventory.model_dump(exclude={"gpus"}, exclude_unset=True)
+    counts = publishing.record_inventory(publisher, versions, stored_facts, gpus, body.capabilities)
     return _reply(answer, status="accepted", node_id=publisher.node_id, **counts)
 
 
 @bp.post("/agent/heartbeat")
 def heartbeat():
     """Record liveness, health and telemetry; the reply carries the next interval (A2, L2)."""
-    data = json_object()
-    versions, answer = _versions(data)
-    _refuse_if_incompatible(versions, answer)
-    body = bodies.parse(bodies.HeartbeatRequest, data)
-    # Validated first, authenticated last: the write transaction (and its lock) starts here.
-    publisher = publishing.authenticate(bearer_credential())
+    versions, answer, body, publisher = agent_request(bodies.HeartbeatRequest)
     samples = [sample.__dict__ for sample in body.telemetry]  # sampled_at is already a datetime
-    publishing.record_heartbeat(publisher, versions, body.health.status, body.health.detail, samples)
-    return _reply(answer, status="accepted", node_status="online", node_id=publisher.node_id)
+    observations = [
+        storage.Observation(
+            root_id=seen.id,
+            exists=seen.exists,
+            writable=seen.writable,
+            free_bytes=seen.free_bytes,
+            total_bytes=seen.total_bytes,
+            observed_at=seen.observed_at,
+        )
+        for seen in body.storage_roots
+    ]
+    beat = publishing.record_heartbeat(
+        publisher, versions, body.health.status, body.health.detail, samples, observations
+    )
+    # J1: the root list travels only when the agent's copy is out of date.
+    etag = str(beat.storage_roots_version)
+    roots = {} if body.storage_roots_etag == etag else {"storage_roots": storage.agent_view(publisher.node_id)}
+    return _reply(
+        answer,
+        status="accepted",
+        node_status="online",
+        node_id=publisher.node_id,
+        jobs_waiting=beat.jobs_waiting,
+        storage_roots_etag=etag,
+        **roots,
+    )

@@ -197,7 +197,7 @@ def _origin_pattern() -> str:
     )
     name = r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?"
     port = r"(:([0-9]{0,4}|[0-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9][0-9]|655[0-2][0-9]|6553[0-5]))?"
-    rest = rules.TEXT_PATTERN[1:-2]  # the text rule's character class, for the path, query and fragment
+    rest = f"[^{rules.FORBIDDEN_CHARACTERS}]"  # the text rule's characters, for the path, query and fragment
     return rf"^[Hh][Tt][Tt][Pp][Ss]?://({name}|\[({ipv6})\]){port}([/?#]{rest}*)?$"
 
 
@@ -206,16 +206,17 @@ OriginUrl = Annotated[
 ]
 
 
+UUID_PATTERN = r"^[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}$"
+Uuid = Annotated[
+    str, StringConstraints(pattern=UUID_PATTERN), AfterValidator(str.lower), Field(json_schema_extra={"format": "uuid"})
+]
+
+
 class EnrollRequest(Versions):
     """E2, E3: an agent claims its enrolment token."""
 
     enrollment_token: text(200)
-    node_id: Annotated[
-        str,
-        StringConstraints(pattern=r"^[0-9A-Fa-f]{8}(-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}$"),
-        AfterValidator(str.lower),
-        Field(json_schema_extra={"format": "uuid"}),
-    ]
+    node_id: Uuid
     hostname: text(255)
     control_plane_url: OriginUrl
     display_name: optional_text(200) = None
@@ -251,10 +252,14 @@ class InventoryFacts(Body):
         return gpus
 
 
+Capabilities = Annotated[list[text(64)], Field(max_length=32)]
+
+
 class InventoryRequest(Versions):
-    """N4: the agent publishes its inventory."""
+    """N4: the agent publishes its inventory, and the job types it can run (J2)."""
 
     inventory: InventoryFacts
+    capabilities: Capabilities = []
 
 
 class Health(Body):
@@ -278,11 +283,139 @@ class TelemetrySample(Body):
 assert tuple(name for name in TelemetrySample.model_fields if name in METRICS) == METRICS
 
 
+class RootObservation(Body):
+    """J1: what the agent saw of one storage root it was told about."""
+
+    id: Uuid
+    exists: bool
+    writable: bool
+    free_bytes: Bytes | None
+    total_bytes: Bytes | None
+    observed_at: SampleTime
+
+
 class HeartbeatRequest(Versions):
-    """A2, L2: liveness, health and telemetry."""
+    """A2, L2: liveness, health and telemetry; J1: the storage roots the agent knows and sees."""
 
     health: Health
     telemetry: Annotated[list[TelemetrySample], Field(max_length=MAX_GPUS)] = []
+    storage_roots_etag: optional_text(64) = None
+    storage_roots: Annotated[list[RootObservation], Field(max_length=MAX_GPUS)] = []
+
+
+def _path_pattern() -> str:
+    """An absolute POSIX directory path: printable segments, none of them `.` or `..` (J1)."""
+    forbidden = rules.FORBIDDEN_CHARACTERS
+    char = rf"[^/{forbidden}]"
+    segment = rf"(\.\.{char}+|\.[^/.{forbidden}]{char}*|[^/.{forbidden}]{char}*)"
+    return rf"^(/{segment})+/?$"
+
+
+AbsolutePath = Annotated[
+    str, StringConstraints(max_length=1000, pattern=_path_pattern()), AfterValidator(lambda path: path.rstrip("/"))
+]
+
+
+class StorageRootCreate(Body):
+    """J1: a root the operator registers on a node; host and container paths are separate facts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+    host_path: AbsolutePath
+    container_path: AbsolutePath
+    min_free_bytes: Bytes
+
+
+# Hugging Face repository ids and revisions (branch, tag, `refs/pr/N` or a 40-hex commit).
+RepoId = Annotated[
+    str, StringConstraints(max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+Revision = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._/-]+$")]
+Patterns = Annotated[list[text(200)] | None, Field(max_length=64)]
+
+
+class AcquireParams(Body):
+    """J3: which repository revision to download onto which root."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repo_id: RepoId
+    revision: Revision = "main"
+    repo_type: Literal["model", "dataset"] = "model"
+    storage_root_id: Uuid
+    allow_patterns: Patterns = None
+    ignore_patterns: Patterns = None
+
+
+class JobCreate(Body):
+    """J2: a typed job for one node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["artifact.acquire.v1"]
+    node_id: Uuid
+    params: AcquireParams
+    max_attempts: whole(1, 10) = 3
+
+
+class ClaimRequest(Versions):
+    """J2: an agent asks for work of the types it can run."""
+
+    capabilities: Capabilities
+
+
+Count = whole(0, 10_000_000)
+
+
+class Progress(Body):
+    """How far an attempt has come."""
+
+    bytes_done: Bytes
+    bytes_total: Bytes | None = None
+    files_done: Count
+    files_total: Count | None = None
+
+
+Attempt = whole(1, 1000)
+
+
+class ProgressRequest(Versions):
+    """J2: progress renews the lease; the attempt is the fencing token."""
+
+    attempt: Attempt
+    progress: Progress
+
+
+class AcquireResult(Body):
+    """J3: what an acquire left on the node."""
+
+    commit: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
+    container_path: AbsolutePath
+    files: Count
+    total_bytes: Bytes
+
+
+class CompleteRequest(Versions):
+    """J2: the attempt succeeded."""
+
+    attempt: Attempt
+    result: AcquireResult
+
+
+class JobError(Body):
+    """Why an attempt failed, in the API's error-code style."""
+
+    code: Annotated[str, StringConstraints(max_length=64, pattern=r"^[A-Z][A-Z0-9_]*$")]
+    message: text(1000)
+
+
+class FailRequest(Versions):
+    """J2: the attempt failed; `retryable` is the agent's class of the failure."""
+
+    attempt: Attempt
+    error: JobError
+    retryable: bool
 
 
 # Messages in the API's own words, by pydantic error type; `{…}` are filled from the error's context.

@@ -10,6 +10,8 @@ from functools import cache
 
 from app import rules
 from app.api import bodies, bp, json_response
+from app.jobs import queue
+from app.models import JobState
 
 NULLABLE_STRING = {"type": ["string", "null"]}
 NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
@@ -60,18 +62,22 @@ def _agent(operation: dict) -> dict:
     return {**operation, "security": [{"nodeCredential": []}]}
 
 
+_BODY_MODELS: dict[str, type[bodies.Body]] = {}
+
+
 def _body(model: type[bodies.Body]) -> dict:
-    """A request body: the model's own schema, nested models under components (A5)."""
+    """A request body: the model's own schema (A5), listed under components by `document()`."""
+    _BODY_MODELS[model.__name__] = model
     return {"required": True, "content": {"application/json": {"schema": _ref(model.__name__)}}}
 
 
 def _body_schemas() -> dict[str, dict]:
-    """The JSON Schema of every request body model and the models nested in them."""
+    """The JSON Schema of every request body the paths named, and of the models nested in them."""
     schemas: dict[str, dict] = {}
-    for model in (bodies.EnrollmentCreate, bodies.EnrollRequest, bodies.InventoryRequest, bodies.HeartbeatRequest):
+    for name, model in _BODY_MODELS.items():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
-        schemas[model.__name__] = schema
+        schemas[name] = schema
     return schemas
 
 
@@ -233,6 +239,151 @@ AGENT_REPLY = {
     "compatibility": COMPATIBILITY,
     "heartbeat_interval_seconds": {"type": "integer"},
 }
+
+
+def _list(items: dict) -> dict:
+    return {"type": "array", "items": items}
+
+
+HEARTBEAT_REPLY = {
+    "jobs_waiting": {"type": "integer", "minimum": 0},
+    "storage_roots_etag": {"type": "string"},
+    "storage_roots": _list(
+        _obj(
+            {
+                "id": UUID,
+                "name": {"type": "string"},
+                "container_path": {"type": "string"},
+                "min_free_bytes": {"type": "integer"},
+            },
+            ["id", "name", "container_path", "min_free_bytes"],
+        )
+    ),
+}
+
+STORAGE_ROOT = _obj(
+    {
+        "id": UUID,
+        "node_id": UUID,
+        "name": {"type": "string"},
+        "host_path": {"type": "string"},
+        "container_path": {"type": "string"},
+        "min_free_bytes": {"type": "integer"},
+        "created_at": TIME,
+        "observed": {
+            "oneOf": [
+                {"type": "null"},
+                _obj(
+                    {
+                        "exists": {"type": "boolean"},
+                        "writable": {"type": "boolean"},
+                        "free_bytes": {"type": ["integer", "null"]},
+                        "total_bytes": {"type": ["integer", "null"]},
+                        "observed_at": TIME,
+                    },
+                    ["exists", "writable", "free_bytes", "total_bytes", "observed_at"],
+                ),
+            ]
+        },
+    },
+    ["id", "node_id", "name", "host_path", "container_path", "min_free_bytes", "created_at", "observed"],
+)
+
+JOB_ERROR = _obj(
+    {"code": {"type": "string"}, "message": {"type": "string"}, "next_step": {"type": "string"}},
+    ["code", "message"],
+)
+
+JOB = _obj(
+    {
+        "id": UUID,
+        "type": {"enum": list(queue.TYPES)},
+        "node_id": UUID,
+        "state": {"enum": list(JobState)},
+        "attempt": {"type": "integer"},
+        "max_attempts": {"type": "integer"},
+        "params": {"type": "object"},
+        "progress": {"type": ["object", "null"]},
+        "result": {"type": ["object", "null"]},
+        "error": {"oneOf": [{"type": "null"}, JOB_ERROR]},
+        "cancel_requested": {"type": "boolean"},
+        "lease_expires_at": NULLABLE_TIME,
+        "created_at": TIME,
+        "started_at": NULLABLE_TIME,
+        "finished_at": NULLABLE_TIME,
+    },
+    [
+        "id",
+        "type",
+        "node_id",
+        "state",
+        "attempt",
+        "max_attempts",
+        "params",
+        "progress",
+        "result",
+        "error",
+        "lease_expires_at",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ],
+)
+
+AGENT_JOB = _obj(
+    {
+        "id": UUID,
+        "type": {"type": "string"},
+        "attempt": {"type": "integer", "minimum": 1},
+        "max_attempts": {"type": "integer"},
+        "params": {"type": "object"},
+        "lease_expires_at": TIME,
+        "lease_seconds": {"type": "integer"},
+        "progress_interval_seconds": {"type": "integer"},
+    },
+    [
+        "id",
+        "type",
+        "attempt",
+        "max_attempts",
+        "params",
+        "lease_expires_at",
+        "lease_seconds",
+        "progress_interval_seconds",
+    ],
+)
+
+ARTIFACT = _obj(
+    {
+        "id": UUID,
+        "node_id": UUID,
+        "repo_id": {"type": "string"},
+        "repo_type": {"enum": ["model", "dataset"]},
+        "revision": {"type": "string"},
+        "commit": {"type": "string", "pattern": "^[0-9a-f]{40}$"},
+        "storage_root_id": UUID,
+        "container_path": {"type": "string"},
+        "host_path": {"type": "string"},
+        "files": {"type": "integer"},
+        "total_bytes": {"type": "integer"},
+        "verified_at": TIME,
+        "job_id": {"type": ["string", "null"]},
+    },
+    [
+        "id",
+        "repo_id",
+        "repo_type",
+        "revision",
+        "commit",
+        "storage_root_id",
+        "container_path",
+        "host_path",
+        "files",
+        "total_bytes",
+        "verified_at",
+        "job_id",
+    ],
+)
 
 ERROR = _obj(
     {
@@ -505,13 +656,170 @@ def _paths() -> dict:
                     "requestBody": _body(bodies.HeartbeatRequest),
                     "responses": {
                         "200": _json(
-                            _obj(AGENT_REPLY, ["status", "compatibility", "heartbeat_interval_seconds"]),
-                            "Recorded",
+                            _obj(
+                                {**AGENT_REPLY, **HEARTBEAT_REPLY},
+                                ["status", "compatibility", "heartbeat_interval_seconds", "jobs_waiting"],
+                            ),
+                            "Recorded; `storage_roots` only when the agent's etag is out of date (J1)",
                         ),
                         **_errors(400, 401, 403, 413, 415, 426),
                     },
                 }
             )
+        },
+        **_job_paths(),
+    }
+
+
+def _job_paths() -> dict:
+    """J1–J3: storage roots, jobs and artifacts (admin), and the agent's side of jobs."""
+    node_id, job_id = [_path_param("node_id")], [_path_param("job_id")]
+    job_reply = _json(JOB, "The job")
+    fenced = {**_errors(400, 401, 403, 404, 409, 413, 415, 426)}
+    return {
+        "/api/v1/admin/nodes/{node_id}/storage-roots": {
+            "parameters": node_id,
+            "post": _admin(
+                {
+                    "summary": "Register a storage root on a node (J1)",
+                    "requestBody": _body(bodies.StorageRootCreate),
+                    "responses": {"201": _json(STORAGE_ROOT, "Registered"), **_errors(400, 401, 404, 409, 413, 415)},
+                }
+            ),
+            "get": _admin(
+                {
+                    "summary": "A node's storage roots, with what the agent last observed (J1)",
+                    "responses": {
+                        "200": _json(_obj({"storage_roots": _list(STORAGE_ROOT)}, ["storage_roots"]), "Roots"),
+                        **_errors(401, 404),
+                    },
+                }
+            ),
+        },
+        "/api/v1/admin/storage-roots/{root_id}": {
+            "parameters": [_path_param("root_id")],
+            "delete": _admin(
+                {
+                    "summary": "Forget a storage root; refused while a job uses it (J1)",
+                    "responses": {
+                        "200": _json(_obj({"deleted": {"type": "string"}}, ["deleted"]), "Deleted"),
+                        **_errors(401, 404, 409),
+                    },
+                }
+            ),
+        },
+        "/api/v1/admin/jobs": {
+            "post": _admin(
+                {
+                    "summary": "Queue a typed job for a node (J2)",
+                    "requestBody": _body(bodies.JobCreate),
+                    "responses": {"201": job_reply, **_errors(400, 401, 404, 409, 413, 415)},
+                }
+            ),
+            "get": _admin(
+                {
+                    "summary": "Jobs newest first, filtered; `next_before` pages on (J2, J4)",
+                    "parameters": [
+                        {"name": "node_id", "in": "query", "schema": TEXT},
+                        {"name": "type", "in": "query", "schema": {"enum": list(queue.TYPES)}},
+                        {"name": "state", "in": "query", "schema": {"enum": list(JobState)}},
+                        {"name": "before", "in": "query", "schema": {**UUID, "pattern": bodies.UUID_PATTERN}},
+                    ],
+                    "responses": {
+                        "200": _json(
+                            _obj({"jobs": _list(JOB), "next_before": NULLABLE_STRING}, ["jobs", "next_before"]),
+                            "Jobs",
+                        ),
+                        **_errors(400, 401),
+                    },
+                }
+            ),
+        },
+        "/api/v1/admin/jobs/{job_id}": {
+            "parameters": job_id,
+            "get": _admin({"summary": "One job (J2)", "responses": {"200": job_reply, **_errors(401, 404)}}),
+        },
+        "/api/v1/admin/jobs/{job_id}/cancel": {
+            "parameters": job_id,
+            "post": _admin(
+                {
+                    "summary": "Cancel a queued job, or tell a running one to stop (J2)",
+                    "responses": {"200": job_reply, **_errors(401, 404, 409)},
+                }
+            ),
+        },
+        "/api/v1/admin/jobs/{job_id}/retry": {
+            "parameters": job_id,
+            "post": _admin(
+                {
+                    "summary": "Run a failed or cancelled job again as a new attempt (J2)",
+                    "responses": {"200": job_reply, **_errors(401, 404, 409)},
+                }
+            ),
+        },
+        "/api/v1/admin/nodes/{node_id}/artifacts": {
+            "parameters": node_id,
+            "get": _admin(
+                {
+                    "summary": "The node's verified artifacts (J3)",
+                    "responses": {
+                        "200": _json(_obj({"artifacts": _list(ARTIFACT)}, ["artifacts"]), "Artifacts"),
+                        **_errors(401, 404),
+                    },
+                }
+            ),
+        },
+        "/api/v1/agent/jobs/claim": {
+            "post": _agent(
+                {
+                    "summary": "The node's next job of an advertised type, or the one it runs (J2)",
+                    "requestBody": _body(bodies.ClaimRequest),
+                    "responses": {
+                        "200": _json(_obj({"job": AGENT_JOB}, ["job"]), "Claimed, with a lease"),
+                        "204": {"description": "Nothing to do"},
+                        **_errors(400, 401, 403, 413, 415, 426),
+                    },
+                }
+            )
+        },
+        "/api/v1/agent/jobs/{job_id}/progress": {
+            "parameters": job_id,
+            "post": _agent(
+                {
+                    "summary": "Report progress and renew the lease; fenced by the attempt (J2)",
+                    "requestBody": _body(bodies.ProgressRequest),
+                    "responses": {
+                        "200": _json(
+                            _obj(
+                                {"lease_expires_at": TIME, "cancel_requested": {"type": "boolean"}},
+                                ["lease_expires_at", "cancel_requested"],
+                            ),
+                            "Renewed",
+                        ),
+                        **fenced,
+                    },
+                }
+            ),
+        },
+        "/api/v1/agent/jobs/{job_id}/complete": {
+            "parameters": job_id,
+            "post": _agent(
+                {
+                    "summary": "The attempt succeeded (J2, J3)",
+                    "requestBody": _body(bodies.CompleteRequest),
+                    "responses": {"200": _json(_obj({"job": JOB}, ["job"]), "Finished"), **fenced},
+                }
+            ),
+        },
+        "/api/v1/agent/jobs/{job_id}/fail": {
+            "parameters": job_id,
+            "post": _agent(
+                {
+                    "summary": "The attempt failed; retried while attempts remain and the class allows (J2)",
+                    "requestBody": _body(bodies.FailRequest),
+                    "responses": {"200": _json(_obj({"job": JOB}, ["job"]), "Recorded"), **fenced},
+                }
+            ),
         },
     }
 
@@ -519,6 +827,7 @@ def _paths() -> dict:
 @cache
 def document() -> dict:
     """The OpenAPI 3.1 document."""
+    paths = _paths()  # names the request bodies that `_body_schemas` then describes
     return {
         "openapi": "3.1.0",
         "info": {
@@ -528,7 +837,7 @@ def document() -> dict:
             f"Text fields take {rules.TEXT_RULE}; a lone surrogate (such as \\ud800) is not Unicode text and "
             "is refused too, though no portable pattern can name it.",
         },
-        "paths": _paths(),
+        "paths": paths,
         "components": {
             "schemas": {"Error": ERROR, **_body_schemas()},
             "securitySchemes": {

@@ -4,19 +4,24 @@ from app.models.audit import AuditEvent
 from app.models.credential import Credential
 from app.models.enrollment import Enrollment, EnrollmentState
 from app.models.inventory import Gpu, NodeInventory
+from app.models.jobs import Artifact, Job, JobState, StorageRoot
 from app.models.node import Node, NodeLease
 from app.models.scheduling import SweepTick
 from app.models.telemetry import TelemetryRollup, TelemetrySample
 
 __all__ = [
+    "Artifact",
     "AuditEvent",
     "Credential",
     "Enrollment",
     "EnrollmentState",
     "Gpu",
+    "Job",
+    "JobState",
     "Node",
     "NodeInventory",
     "NodeLease",
+    "StorageRoot",
     "SweepTick",
     "TelemetryRollup",
     "TelemetrySample",

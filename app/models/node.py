@@ -50,3 +50,8 @@ class NodeLease(db.Model):
     protocol_version: Mapped[int | None] = mapped_column()
     compatibility: Mapped[str | None] = mapped_column(sa.String(16))
     last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # J2: the job types the agent last advertised (its inventory), read on each heartbeat for
+    # `jobs_waiting`; and a counter bumped whenever the node's storage roots change, which the
+    # heartbeat reply hands the agent as an etag so it fetches the list only when it moved (J1).
+    capabilities: Mapped[list[str]] = mapped_column(sa.JSON, default=list, server_default="[]")
+    storage_roots_version: Mapped[int] = mapped_column(default=0, server_default="0")

@@ -1,0 +1,69 @@
+"""J3: artifacts — repository revisions acquired and verified on a node, where they lie on it."""
+
+from __future__ import annotations
+
+import posixpath
+
+import sqlalchemy as sa
+
+from app.errors import DomainError
+from app.extensions import db
+from app.models import Artifact, Job, StorageRoot
+from app.timeutil import utcnow
+
+
+def _inside(path: str, root: str) -> str | None:
+    """`path` relative to `root` when it lies inside it (POSIX paths as the agent sees them), else None."""
+    path, root = posixpath.normpath(path), posixpath.normpath(root)
+    relative = posixpath.relpath(path, root)
+    if relative == "." or relative.startswith("../") or relative == ".." or posixpath.isabs(relative):
+        return None
+    return relative
+
+
+def record(job: Job, result: dict[str, object]) -> Artifact:
+    """Store (or refresh) the artifact a finished acquire left; its host path follows from the root's."""
+    root = db.session.get(StorageRoot, job.storage_root_id) if job.storage_root_id else None
+    if root is None:
+        raise DomainError(
+            "STORAGE_ROOT_NOT_FOUND",
+            "The job's storage root was deleted while it ran.",
+            "Register the root again and retry the job.",
+        )
+    relative = _inside(str(result["container_path"]), root.container_path)
+    if relative is None:
+        raise DomainError(
+            "ARTIFACT_OUTSIDE_ROOT",
+            "The reported artifact path is not inside the job's storage root.",
+            "Run an official node agent release.",
+            field="result.container_path",
+        )
+    params = job.params
+    place = {
+        "storage_root_id": root.id,
+        "repo_type": params.get("repo_type", "model"),
+        "repo_id": params["repo_id"],
+        "commit": result["commit"],
+    }
+    artifact = db.session.scalar(sa.select(Artifact).filter_by(**place))
+    if artifact is None:
+        artifact = Artifact(node_id=job.node_id, **place)
+        db.session.add(artifact)
+    artifact.revision = str(params.get("revision", "main"))
+    artifact.container_path = posixpath.normpath(str(result["container_path"]))
+    artifact.host_path = posixpath.join(root.host_path, relative)
+    artifact.files = int(result["files"])
+    artifact.total_bytes = int(result["total_bytes"])
+    artifact.verified_at = utcnow()
+    artifact.job_id = job.id
+    db.session.flush()
+    return artifact
+
+
+def for_node(node_id: str) -> list[Artifact]:
+    """A node's artifacts, newest verification first."""
+    return list(
+        db.session.scalars(
+            sa.select(Artifact).where(Artifact.node_id == node_id).order_by(Artifact.verified_at.desc(), Artifact.id)
+        )
+    )

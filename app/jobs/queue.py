@@ -1,0 +1,380 @@
+"""J2: typed jobs under fenced leases.
+
+A claim is one conditional UPDATE whose row count decides the winner (as E2), and a partial
+unique index keeps one running job per node; the attempt number fences every report, so a report
+from an attempt that lost its lease changes nothing (`409 JOB_LEASE_LOST`); the lease sweep
+requeues a job whose agent went silent, exactly once per tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from app import audit, liveness
+from app.config import Settings
+from app.errors import DomainError
+from app.extensions import db
+from app.jobs import artifacts, storage
+from app.models import Job, JobState
+from app.models.jobs import TERMINAL_STATES
+from app.nodes import get as get_node
+from app.timeutil import isoformat, utcnow
+
+ACQUIRE = "artifact.acquire.v1"
+TYPES = (ACQUIRE,)
+# Error codes that are worth another attempt (J2); everything else fails at once.
+RETRY_BACKOFF_SECONDS = (0, 5, 30, 120)
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True)
+class Report:
+    """Who is reporting on a job: the node behind the credential, and the attempt it runs (fence)."""
+
+    node_id: str
+    job_id: str
+    attempt: int
+
+
+def _not_found(job_id: str) -> DomainError:
+    return DomainError("JOB_NOT_FOUND", f"No job has id {job_id!r}.", "List jobs with GET /api/v1/admin/jobs.")
+
+
+def get(job_id: str) -> Job:
+    """The job with this id, or JOB_NOT_FOUND."""
+    job = db.session.get(Job, job_id)
+    if job is None:
+        raise _not_found(job_id)
+    return job
+
+
+def create(job_type: str, node_id: str, params: dict[str, object], max_attempts: int) -> Job:
+    """Queue a job for a node (J2); an acquire job names a root of that very node (J1)."""
+    get_node(node_id)
+    root_id = None
+    if job_type == ACQUIRE:
+        root = storage.get(str(params["storage_root_id"]))
+        if root.node_id != node_id:
+            raise DomainError(
+                "STORAGE_ROOT_NOT_ON_NODE",
+                "That storage root belongs to another node.",
+                "Pick one of this node's roots (GET /api/v1/admin/nodes/{id}/storage-roots).",
+            )
+        root_id = root.id
+    job = Job(type=job_type, node_id=node_id, storage_root_id=root_id, params=params, max_attempts=max_attempts)
+    db.session.add(job)
+    db.session.flush()
+    audit.record(audit.OPERATOR, "job.created", node_id, job_id=job.id, type=job_type)
+    db.session.commit()
+    return job
+
+
+def list_jobs(
+    node_id: str | None = None,
+    job_type: str | None = None,
+    state: str | None = None,
+    before: Job | None = None,
+    limit: int = PAGE_SIZE,
+) -> list[Job]:
+    """Jobs newest first, filtered, keyset-paged on (created_at, id)."""
+    query = sa.select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    if node_id is not None:
+        query = query.where(Job.node_id == node_id)
+    if job_type is not None:
+        query = query.where(Job.type == job_type)
+    if state is not None:
+        query = query.where(Job.state == state)
+    if before is not None:
+        query = query.where(
+            sa.or_(Job.created_at < before.created_at, sa.and_(Job.created_at == before.created_at, Job.id < before.id))
+        )
+    return list(db.session.scalars(query))
+
+
+def _finish(job: Job, state: str, *, error: dict | None = None, result: dict | None = None) -> None:
+    job.state = state
+    job.error = error
+    job.result = result
+    job.finished_at = utcnow()
+    job.lease_expires_at = None
+
+
+def cancel(job_id: str) -> Job:
+    """J2: a queued job is cancelled at once; a running one is told so on its next progress report."""
+    job = get(job_id)
+    if job.state in TERMINAL_STATES:
+        raise DomainError(
+            "JOB_FINISHED", f"The job is already {job.state}.", "Nothing to cancel; retry it if you want it again."
+        )
+    if job.state == JobState.QUEUED:
+        _finish(job, JobState.CANCELLED, error=_error("JOB_CANCELLED", "Cancelled by the operator before it ran."))
+        audit.record(audit.OPERATOR, "job.cancelled", job.node_id, job_id=job.id, attempt=job.attempt)
+    else:
+        job.cancel_requested = True
+        audit.record(audit.OPERATOR, "job.cancel_requested", job.node_id, job_id=job.id, attempt=job.attempt)
+    db.session.commit()
+    return job
+
+
+def retry(job_id: str) -> Job:
+    """J2: a failed or cancelled job goes back to the queue as a new attempt."""
+    job = get(job_id)
+    if job.state not in (JobState.FAILED, JobState.CANCELLED):
+        raise DomainError(
+            "JOB_NOT_RETRYABLE",
+            f"Only a failed or cancelled job can be retried; this one is {job.state}.",
+            "Wait for it to finish, or cancel it first.",
+        )
+    job.state = JobState.QUEUED
+    job.max_attempts = max(job.max_attempts, job.attempt + 1)
+    job.cancel_requested = False
+    job.not_before = None
+    job.finished_at = None
+    job.progress = None
+    audit.record(audit.OPERATOR, "job.retried", job.node_id, job_id=job.id, attempt=job.attempt + 1, by="operator")
+    db.session.commit()
+    return job
+
+
+def _error(code: str, message: str, next_step: str | None = None) -> dict[str, str]:
+    return {"code": code, "message": message, "next_step": next_step or _NEXT_STEPS.get(code, "See the job's node.")}
+
+
+_NEXT_STEPS = {
+    "STORAGE_CAPACITY_GUARD": "Free space on the root, lower its min_free_bytes, or pick a larger root; then retry.",
+    "STORAGE_ROOT_UNAVAILABLE": "Check the root exists below the agent's artifact volume and is writable.",
+    "HUB_REPO_NOT_FOUND": "Check the repository id (owner/name) and its type.",
+    "HUB_REVISION_NOT_FOUND": "Check the branch, tag or commit.",
+    "HUB_AUTH_REQUIRED": "Accept the model's terms on the Hub and give the agent MODELFORGE_HF_TOKEN(_FILE).",
+    "HUB_UNAVAILABLE": "The Hub or the node's network failed; retry later.",
+    "ARTIFACT_VERIFICATION_FAILED": "The node keeps the bad files in its quarantine directory with reason.json.",
+    "JOB_LEASE_LOST": "The agent stopped reporting (killed or offline); check the node.",
+    "JOB_CANCELLED": "Retry it if you want it again.",
+}
+
+
+def jobs_waiting(node_id: str, capabilities: list[str]) -> int:
+    """Queued jobs for this node of an advertised type (the heartbeat reply carries it)."""
+    if not capabilities:
+        return 0
+    now = utcnow()
+    return db.session.scalar(
+        sa.select(sa.func.count())
+        .select_from(Job)
+        .where(
+            Job.node_id == node_id,
+            Job.state == JobState.QUEUED,
+            Job.type.in_(capabilities),
+            sa.or_(Job.not_before.is_(None), Job.not_before <= now),
+        )
+    )
+
+
+def _agent_view(job: Job) -> dict[str, object]:
+    """The job as its agent gets it: the storage root resolved into the params (J1)."""
+    params = dict(job.params)
+    if job.storage_root_id is not None:
+        root = storage.get(job.storage_root_id)
+        params |= {"container_path": root.container_path, "min_free_bytes": root.min_free_bytes}
+    return {
+        "id": job.id,
+        "type": job.type,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "params": params,
+        "lease_expires_at": isoformat(job.lease_expires_at),
+    }
+
+
+def claim(node_id: str, capabilities: list[str], settings: Settings) -> dict[str, object] | None:
+    """J2: hand the node its oldest waiting job of an advertised type, or the one it already runs.
+
+    One conditional UPDATE decides: it only moves a row that is still queued, and the partial
+    unique index admits one running job per node, so two claims (two workers, a retried request)
+    can never both win. L4: nothing for a node that is not online, enabled and compatible.
+    """
+    running = db.session.scalar(sa.select(Job).where(Job.node_id == node_id, Job.state == JobState.RUNNING))
+    if running is not None:
+        return _agent_view(running)  # a lost reply is harmless: the same job, the same attempt
+    allowed, _ = liveness.may_receive_work(node_id, settings)
+    if not allowed or not capabilities:
+        return None
+    now = utcnow()
+    candidate = (
+        sa.select(Job.id)
+        .where(
+            Job.node_id == node_id,
+            Job.state == JobState.QUEUED,
+            Job.type.in_(capabilities),
+            sa.or_(Job.not_before.is_(None), Job.not_before <= now),
+        )
+        .order_by(Job.created_at, Job.id)
+        .limit(1)
+    )
+    job_id = db.session.scalar(candidate)
+    if job_id is None:
+        return None
+    try:
+        won = db.session.execute(
+            sa.update(Job)
+            .where(Job.id == job_id, Job.state == JobState.QUEUED)
+            .values(
+                state=JobState.RUNNING,
+                attempt=Job.attempt + 1,
+                lease_expires_at=now + timedelta(seconds=settings.job_lease_seconds),
+                started_at=sa.func.coalesce(Job.started_at, now),
+                error=None,
+            )
+            .execution_options(synchronize_session=False)
+        ).rowcount
+    except IntegrityError:  # another claim for this node won the one running slot
+        db.session.rollback()
+        return None
+    if won != 1:
+        db.session.rollback()
+        return None
+    job = db.session.get(Job, job_id, populate_existing=True)
+    audit.record(audit.agent_actor(node_id), "job.started", node_id, job_id=job.id, attempt=job.attempt)
+    db.session.commit()
+    return _agent_view(job)
+
+
+def _fenced(report: Report) -> sa.Update:
+    """An UPDATE that touches the job only for the running attempt of the reporting node (J2 fence)."""
+    return (
+        sa.update(Job)
+        .where(
+            Job.id == report.job_id,
+            Job.node_id == report.node_id,
+            Job.attempt == report.attempt,
+            Job.state == JobState.RUNNING,
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _lease_lost(report: Report) -> DomainError:
+    return DomainError(
+        "JOB_LEASE_LOST",
+        f"Attempt {report.attempt} of job {report.job_id} no longer holds its lease; nothing was changed.",
+        "Stop this attempt; the job was requeued or has finished.",
+    )
+
+
+def progress(report: Report, done: dict[str, object], settings: Settings) -> dict[str, object]:
+    """Record progress and renew the lease; the reply says whether the operator cancelled it."""
+    now = utcnow()
+    lease = now + timedelta(seconds=settings.job_lease_seconds)
+    updated = db.session.execute(
+        _fenced(report)
+        .values(progress={**done, "updated_at": isoformat(now)}, lease_expires_at=lease)
+        .returning(Job.cancel_requested)
+    ).first()
+    if updated is None:
+        db.session.rollback()
+        raise _lease_lost(report)
+    db.session.commit()
+    return {"lease_expires_at": isoformat(lease), "cancel_requested": bool(updated.cancel_requested)}
+
+
+def complete(report: Report, result: dict[str, object]) -> Job:
+    """The attempt succeeded: record the artifact it left and finish the job (J3)."""
+    job = db.session.get(Job, report.job_id)
+    if job is None or job.node_id != report.node_id or job.attempt != report.attempt or job.state != JobState.RUNNING:
+        raise _lease_lost(report)
+    stored = dict(result)
+    if job.type == ACQUIRE:
+        artifact = artifacts.record(job, result)
+        stored |= {"artifact_id": artifact.id, "host_path": artifact.host_path}
+    now = utcnow()
+    finished = db.session.execute(
+        _fenced(report).values(
+            state=JobState.SUCCEEDED, result=stored, error=None, finished_at=now, lease_expires_at=None
+        )
+    ).rowcount
+    if finished != 1:
+        db.session.rollback()
+        raise _lease_lost(report)
+    audit.record(audit.agent_actor(report.node_id), "job.succeeded", report.node_id, job_id=job.id, attempt=job.attempt)
+    db.session.commit()
+    return db.session.get(Job, report.job_id, populate_existing=True)
+
+
+def fail(report: Report, code: str, message: str, retryable: bool) -> Job:
+    """The attempt failed: retry with backoff while attempts remain and the class allows it, else fail."""
+    job = db.session.get(Job, report.job_id)
+    if job is None or job.node_id != report.node_id or job.attempt != report.attempt or job.state != JobState.RUNNING:
+        raise _lease_lost(report)
+    actor = audit.agent_actor(report.node_id)
+    error = _error(code, message)
+    if code == "JOB_CANCELLED" or job.cancel_requested:
+        values = _terminal(JobState.CANCELLED, _error("JOB_CANCELLED", "Cancelled by the operator while it ran."))
+        action = "job.cancelled"
+    elif retryable and job.attempt < job.max_attempts:
+        values = _requeue(job.attempt, error)
+        action = "job.retried"
+    else:
+        values = _terminal(JobState.FAILED, error)
+        action = "job.failed"
+    if db.session.execute(_fenced(report).values(**values)).rowcount != 1:
+        db.session.rollback()
+        raise _lease_lost(report)
+    audit.record(actor, action, report.node_id, job_id=job.id, attempt=job.attempt, code=values["error"]["code"])
+    db.session.commit()
+    return db.session.get(Job, report.job_id, populate_existing=True)
+
+
+def _terminal(state: str, error: dict[str, str]) -> dict[str, object]:
+    return {"state": state, "error": error, "finished_at": utcnow(), "lease_expires_at": None}
+
+
+def _requeue(attempt: int, error: dict[str, str]) -> dict[str, object]:
+    delay = RETRY_BACKOFF_SECONDS[min(attempt, len(RETRY_BACKOFF_SECONDS) - 1)]
+    return {
+        "state": JobState.QUEUED,
+        "error": error,
+        "lease_expires_at": None,
+        "not_before": utcnow() + timedelta(seconds=delay),
+    }
+
+
+def sweep_expired_leases(now: datetime | None = None) -> dict[str, int]:
+    """J2: a running job whose lease ran out goes back to the queue (next attempt) or fails.
+
+    Each transition is a conditional UPDATE on (id, attempt, state, lease): a second sweep of the
+    same tick, or a report that renewed the lease a moment earlier, makes it match nothing.
+    """
+    now = now or utcnow()
+    expired = db.session.execute(
+        sa.select(Job.id, Job.node_id, Job.attempt, Job.max_attempts, Job.cancel_requested).where(
+            Job.state == JobState.RUNNING, Job.lease_expires_at < now
+        )
+    ).all()
+    counts = {"requeued": 0, "failed": 0, "cancelled": 0}
+    for job_id, node_id, attempt, max_attempts, cancel_requested in expired:
+        lost = _error("JOB_LEASE_LOST", f"Attempt {attempt} stopped reporting; its lease ran out.")
+        if cancel_requested:
+            values, action, outcome = (
+                _terminal(JobState.CANCELLED, _error("JOB_CANCELLED", "Cancelled by the operator.")),
+                "job.cancelled",
+                "cancelled",
+            )
+        elif attempt < max_attempts:
+            values, action, outcome = {**_requeue(0, lost), "not_before": None}, "job.retried", "requeued"
+        else:
+            values, action, outcome = _terminal(JobState.FAILED, lost), "job.failed", "failed"
+        moved = db.session.execute(
+            sa.update(Job)
+            .where(Job.id == job_id, Job.attempt == attempt, Job.state == JobState.RUNNING, Job.lease_expires_at < now)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if moved == 1:
+            audit.record(audit.SYSTEM, action, node_id, job_id=job_id, attempt=attempt, code=values["error"]["code"])
+            counts[outcome] += 1
+    db.session.commit()
+    return counts

@@ -1,0 +1,142 @@
+"""J1: storage roots — where on a node artifacts may live, and what the agent observes of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from app import audit
+from app.errors import DomainError
+from app.extensions import db
+from app.models import Job, NodeLease, StorageRoot
+from app.models.jobs import TERMINAL_STATES
+from app.nodes import get as get_node
+
+
+@dataclass(frozen=True)
+class RootRequest:
+    """What an operator registers."""
+
+    name: str
+    host_path: str
+    container_path: str
+    min_free_bytes: int
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the agent saw of one root."""
+
+    root_id: str
+    exists: bool
+    writable: bool
+    free_bytes: int | None
+    total_bytes: int | None
+    observed_at: datetime
+
+
+def _roots_changed(node_id: str) -> None:
+    # The heartbeat reply hands this counter to the agent as an etag: it refetches the list (J1).
+    db.session.execute(
+        sa.update(NodeLease)
+        .where(NodeLease.node_id == node_id)
+        .values(storage_roots_version=NodeLease.storage_roots_version + 1)
+    )
+
+
+def create(node_id: str, request: RootRequest) -> StorageRoot:
+    """Register a root on a node; the name is unique per node."""
+    get_node(node_id)
+    root = StorageRoot(node_id=node_id, **request.__dict__)
+    db.session.add(root)
+    try:
+        db.session.flush()
+    except IntegrityError:
+        db.session.rollback()
+        raise DomainError(
+            "STORAGE_ROOT_EXISTS",
+            f"This node already has a storage root named {request.name!r}.",
+            "Pick another name, or delete the existing root first.",
+        ) from None
+    _roots_changed(node_id)
+    audit.record(
+        audit.OPERATOR,
+        "storage_root.created",
+        node_id,
+        storage_root_id=root.id,
+        name=root.name,
+        host_path=root.host_path,
+        container_path=root.container_path,
+        min_free_bytes=root.min_free_bytes,
+    )
+    db.session.commit()
+    return root
+
+
+def for_node(node_id: str) -> list[StorageRoot]:
+    """A node's roots by name."""
+    return list(
+        db.session.scalars(sa.select(StorageRoot).where(StorageRoot.node_id == node_id).order_by(StorageRoot.name))
+    )
+
+
+def get(root_id: str) -> StorageRoot:
+    """The root with this id, or STORAGE_ROOT_NOT_FOUND."""
+    root = db.session.get(StorageRoot, root_id)
+    if root is None:
+        raise DomainError(
+            "STORAGE_ROOT_NOT_FOUND",
+            f"No storage root has id {root_id!r}.",
+            "List a node's roots with GET /api/v1/admin/nodes/{id}/storage-roots.",
+        )
+    return root
+
+
+def delete(root_id: str) -> None:
+    """Forget a root (its files stay on the node); refused while a job uses it."""
+    root = get(root_id)
+    in_use = db.session.scalar(
+        sa.select(sa.func.count())
+        .select_from(Job)
+        .where(Job.storage_root_id == root_id, Job.state.not_in(list(TERMINAL_STATES)))
+    )
+    if in_use:
+        raise DomainError(
+            "STORAGE_ROOT_IN_USE",
+            f"{in_use} queued or running job(s) use this storage root.",
+            "Cancel them or wait for them to finish, then delete the root.",
+        )
+    # Finished jobs keep their history; they simply no longer point at the root.
+    db.session.execute(sa.update(Job).where(Job.storage_root_id == root_id).values(storage_root_id=None))
+    node_id = root.node_id
+    db.session.delete(root)
+    _roots_changed(node_id)
+    audit.record(audit.OPERATOR, "storage_root.deleted", node_id, storage_root_id=root_id, name=root.name)
+    db.session.commit()
+
+
+def agent_view(node_id: str) -> list[dict[str, object]]:
+    """The roots as the agent is told them: where to look and how much room to keep."""
+    return [
+        {"id": root.id, "name": root.name, "container_path": root.container_path, "min_free_bytes": root.min_free_bytes}
+        for root in for_node(node_id)
+    ]
+
+
+def record_observations(node_id: str, observations: list[Observation]) -> None:
+    """J1: store what the agent saw of its roots (ids of other nodes' roots are ignored)."""
+    for seen in observations:
+        db.session.execute(
+            sa.update(StorageRoot)
+            .where(StorageRoot.id == seen.root_id, StorageRoot.node_id == node_id)
+            .values(
+                observed_exists=seen.exists,
+                observed_writable=seen.writable,
+                observed_free_bytes=seen.free_bytes,
+                observed_total_bytes=seen.total_bytes,
+                observed_at=seen.observed_at,
+            )
+        )
