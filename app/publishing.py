@@ -146,7 +146,8 @@ class BeatReply:
     """What a heartbeat's reply tells the agent beyond liveness (J1, J2)."""
 
     jobs_waiting: int
-    storage_roots_version: int
+    storage_roots_etag: str
+    storage_roots: list[dict[str, object]] | None  # only when the agent's copy is out of date
 
 
 def record_heartbeat(
@@ -156,6 +157,7 @@ def record_heartbeat(
     health_detail: str | None,
     samples: list[dict[str, object]],
     observations: list[storage.Observation] = (),
+    roots_etag: str | None = None,
 ) -> BeatReply:
     """L2: one narrow lease UPDATE (liveness) and one batch INSERT (telemetry), one commit.
 
@@ -194,8 +196,14 @@ def record_heartbeat(
     if observations:
         storage.record_observations(publisher.node_id, observations)
     waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities) if lease.capabilities else 0
+    # J1: the root list travels only when the agent's copy is out of date; version 0 means the
+    # node never had one, which needs no query.
+    etag = str(lease.storage_roots_version)
+    roots = None
+    if roots_etag != etag:
+        roots = storage.agent_view(publisher.node_id) if lease.storage_roots_version else []
     db.session.commit()
-    return BeatReply(jobs_waiting=waiting, storage_roots_version=lease.storage_roots_version)
+    return BeatReply(jobs_waiting=waiting, storage_roots_etag=etag, storage_roots=roots)
 
 
 def note_versions(node_id: str, versions: Versions) -> None:

@@ -142,17 +142,15 @@ def heartbeat():
         for seen in body.storage_roots
     ]
     beat = publishing.record_heartbeat(
-        publisher, versions, body.health.status, body.health.detail, samples, observations
+        publisher, versions, body.health.status, body.health.detail, samples, observations, body.storage_roots_etag
     )
-    # J1: the root list travels only when the agent's copy is out of date.
-    etag = str(beat.storage_roots_version)
-    roots = {} if body.storage_roots_etag == etag else {"storage_roots": storage.agent_view(publisher.node_id)}
+    roots = {} if beat.storage_roots is None else {"storage_roots": beat.storage_roots}
     return _reply(
         answer,
         status="accepted",
         node_status="online",
         node_id=publisher.node_id,
         jobs_waiting=beat.jobs_waiting,
-        storage_roots_etag=etag,
+        storage_roots_etag=beat.storage_roots_etag,
         **roots,
     )
