@@ -1,7 +1,8 @@
 """ModelForge node agent: one file that runs on every GPU host and only ever dials out.
 
 Sections: constants, configuration, NVML and preflight, inventory, state, HTTP client,
-publishing loop, command line. Standard library + requests + nvidia-ml-py only.
+storage roots, jobs client, publishing loop, command line. Standard library + requests +
+nvidia-ml-py only.
 
     python3 -m modelforge_node_agent [--preflight] [--once] [--version]
 """
@@ -13,11 +14,13 @@ import atexit
 import glob
 import hashlib
 import importlib
+import importlib.util
 import json
 import logging
 import os
 import platform
 import random
+import re
 import signal
 import socket
 import sys
@@ -26,7 +29,8 @@ import threading
 import time
 import uuid
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -55,6 +59,16 @@ INVENTORY_CHECK_SECONDS = 60.0
 INVENTORY_MAX_AGE_SECONDS = 3600.0
 # Example hosts from our docs: an agent pointed at one was never configured.
 PLACEHOLDER_HOSTS = ("modelforge.example", "example.com", "example.internal")
+
+# J2: the job error codes the agent reports or is answered with.
+JOB_LEASE_LOST = "JOB_LEASE_LOST"
+JOB_CANCELLED = "JOB_CANCELLED"
+JOB_TYPE_UNSUPPORTED = "JOB_TYPE_UNSUPPORTED"
+
+PROGRESS_INTERVAL_SECONDS = 10.0  # when a claim names none
+STORAGE_REPORT_SECONDS = 60.0  # J1: root observations go out at least this often
+NOTABLE_FREE_CHANGE = 0.01  # … and sooner when free space moves by 1 % of the filesystem
+FINAL_REPORT_PATIENCE_SECONDS = 600.0  # how long a complete/fail report is retried while unreachable
 
 log = logging.getLogger("modelforge_node_agent")
 
@@ -682,6 +696,451 @@ class Client:
         return reply
 
 
+# --------------------------------------------------------------------------- storage roots
+
+
+@dataclass(frozen=True)
+class StorageRoot:
+    """A storage root as the control plane names it (J1): the agent sees only its container path."""
+
+    id: str
+    name: str
+    container_path: str
+    min_free_bytes: int
+
+    @classmethod
+    def from_wire(cls, value: object) -> StorageRoot | None:
+        """A root from a heartbeat reply, or None when its fields are not what J1 says."""
+        item = as_dict(value)
+        fields_ = (item.get("id"), item.get("name"), item.get("container_path"))
+        minimum = item.get("min_free_bytes")
+        if not all(isinstance(text, str) and text for text in fields_):
+            return None
+        if not isinstance(minimum, int) or isinstance(minimum, bool) or minimum < 0:
+            return None
+        return cls(*fields_, minimum)
+
+
+def root_problem(container_path: str, artifact_dir: Path) -> str | None:
+    """Why the agent may not write to this root, or None: it must be a directory below the
+    artifact directory once symlinks are resolved (J1: never a path outside it)."""
+    if not os.path.isabs(container_path):
+        return f"{container_path} is not an absolute path"
+    real = os.path.realpath(container_path)
+    base = os.path.realpath(artifact_dir)
+    if os.path.commonpath([real, base]) != base:
+        return f"{container_path} resolves outside the artifact directory {artifact_dir}"
+    if not os.path.isdir(real):
+        return f"{container_path} does not exist or is not a directory"
+    return None
+
+
+def writable_dir(path: str) -> bool:
+    """Whether a file can really be created and removed in `path` (os.access alone can lie)."""
+    if not os.access(path, os.W_OK | os.X_OK):
+        return False
+    name = os.path.join(path, f".modelforge-probe-{uuid.uuid4().hex}")
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
+
+
+def observe_root(root: StorageRoot, artifact_dir: Path) -> dict[str, object]:
+    """What the agent sees of one root now (J1); a root outside the artifact directory is never probed."""
+    facts: dict[str, object] = {
+        "id": root.id,
+        "exists": False,
+        "writable": False,
+        "free_bytes": None,
+        "total_bytes": None,
+        "observed_at": rfc3339_now(),
+    }
+    if root_problem(root.container_path, artifact_dir) is not None:
+        return facts
+    real = os.path.realpath(root.container_path)
+    facts["exists"] = True
+    facts["writable"] = writable_dir(real)
+    try:
+        stats = os.statvfs(real)
+    except OSError:
+        return facts
+    facts["free_bytes"] = stats.f_bavail * stats.f_frsize
+    facts["total_bytes"] = stats.f_blocks * stats.f_frsize
+    return facts
+
+
+def _notably_different(old: dict[str, object], new: dict[str, object]) -> bool:
+    """A root appeared, vanished, changed state, or its free space moved by 1 % of its size."""
+    if any(old.get(key) != new.get(key) for key in ("exists", "writable", "total_bytes")):
+        return True
+    before, after, total = old.get("free_bytes"), new.get("free_bytes"), new.get("total_bytes")
+    if before is None or after is None or not total:
+        return before != after
+    return abs(after - before) >= NOTABLE_FREE_CHANGE * total
+
+
+class StorageRoots:
+    """The roots the control plane told this node about, and what the heartbeat reports of them (J1)."""
+
+    def __init__(self, artifact_dir: Path) -> None:
+        self.artifact_dir = artifact_dir
+        self.etag: str | None = None
+        self.roots: list[StorageRoot] = []
+        self.reported: dict[str, dict[str, object]] | None = None
+        self.reported_at = 0.0
+
+    def take_reply(self, reply: dict[str, object]) -> None:
+        """Keep the root list a heartbeat reply carries (sent only when our etag was out of date)."""
+        etag, roots = reply.get("storage_roots_etag"), reply.get("storage_roots")
+        if not isinstance(etag, str) or not isinstance(roots, list):
+            return
+        parsed = [StorageRoot.from_wire(item) for item in roots]
+        kept = [root for root in parsed if root is not None]
+        if len(kept) != len(parsed):
+            log.warning(
+                "%d storage root(s) in the heartbeat reply lacked id, name or path; ignored", len(parsed) - len(kept)
+            )
+        if etag == self.etag and kept == self.roots:
+            return
+        log.info("storage roots: %s", ", ".join(f"{r.name} at {r.container_path}" for r in kept) or "none")
+        self.etag, self.roots = etag, kept
+        self.reported = None  # a new list: observations go out with the next heartbeat
+
+    def heartbeat_fields(self, now: float) -> dict[str, object]:
+        """The etag we hold, and fresh observations when they are due (changed, or a minute old)."""
+        if self.etag is None:
+            return {}
+        fields_: dict[str, object] = {"storage_roots_etag": self.etag}
+        observed = {root.id: observe_root(root, self.artifact_dir) for root in self.roots}
+        due = (
+            self.reported is None
+            or now - self.reported_at >= STORAGE_REPORT_SECONDS
+            or observed.keys() != self.reported.keys()
+            or any(_notably_different(self.reported[key], value) for key, value in observed.items())
+        )
+        if due:
+            fields_["storage_roots"] = list(observed.values())
+        return fields_
+
+    def delivered(self, fields_: dict[str, object], now: float) -> None:
+        """The heartbeat carrying `fields_` arrived: its observations are the ones the server has."""
+        if "storage_roots" in fields_:
+            self.reported = {facts["id"]: facts for facts in fields_["storage_roots"]}
+            self.reported_at = now
+
+
+# --------------------------------------------------------------------------- jobs client
+
+# A job id names a directory (<root>/.partial/<job_id>/) and a URL segment: letters, digits, - and _.
+JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+
+def wire_versions() -> dict[str, object]:
+    """The version fields every agent request carries (A1)."""
+    return {"protocol_version": PROTOCOL_VERSION, "agent_version": AGENT_VERSION}
+
+
+def advertised_capabilities() -> list[str]:
+    """The job types this agent can run (J2): those with a handler whose library is installed.
+    The library is only looked for here, not imported, so an idle agent stays small."""
+    return [
+        job_type
+        for job_type in JOB_HANDLERS
+        if all(importlib.util.find_spec(module) is not None for module in JOB_LIBRARIES.get(job_type, ()))
+    ]
+
+
+class JobFailure(Exception):
+    """A job that cannot finish: its error code, a message without any secret, and whether a
+    later attempt may succeed (J2: network, Hub 5xx, stall, a corrupt byte) or not (the rest)."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.retryable = code, message, retryable
+
+    def to_wire(self) -> dict[str, str]:
+        """The `error` of a fail report."""
+        return {"code": self.code, "message": self.message[:1000]}
+
+
+class JobAbandoned(Exception):
+    """Stop the job and report nothing: its lease is lost or the agent is stopping; partial files stay."""
+
+
+class LeaseLost(Exception):
+    """409 JOB_LEASE_LOST: this attempt no longer owns the job (J2 fencing)."""
+
+    def __init__(self, error: PublishError) -> None:
+        super().__init__(error.describe())
+        self.error = error
+
+
+class JobControl:
+    """How a running job is told to stop, checked between chunks: cancelled (clean up, report
+    JOB_CANCELLED) or abandoned (lease lost, agent stopping: keep the partial files, report nothing)."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.abandoned = threading.Event()
+        self.reason = ""
+
+    def cancel(self) -> None:
+        """An operator cancelled the job."""
+        self.cancelled.set()
+
+    def abandon(self, reason: str) -> None:
+        """Stop without a report."""
+        self.reason = reason
+        self.abandoned.set()
+
+    def check(self) -> None:
+        """Raise if the job must stop now."""
+        if self.abandoned.is_set():
+            raise JobAbandoned(self.reason)
+        if self.cancelled.is_set():
+            raise JobFailure(JOB_CANCELLED, "cancelled by an operator", retryable=False)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a job is (J4 shows it as bytes and files)."""
+
+    bytes_done: int = 0
+    bytes_total: int = 0
+    files_done: int = 0
+    files_total: int = 0
+
+    def to_wire(self) -> dict[str, int]:
+        """The `progress` of a progress report: exactly these four fields."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A claimed job (J2): the attempt number is the fencing token every report carries."""
+
+    id: str
+    type: str
+    attempt: int
+    params: dict[str, object]
+    max_attempts: int | None = None
+    progress_interval: float = PROGRESS_INTERVAL_SECONDS
+    lease_seconds: float | None = None
+
+    @classmethod
+    def from_claim(cls, value: object) -> Job | None:
+        """The job of a claim reply, or None when it lacks what any report on it needs."""
+        item = as_dict(value)
+        job_id, attempt = item.get("id"), item.get("attempt")
+        if isinstance(job_id, int) and not isinstance(job_id, bool):
+            job_id = str(job_id)
+        if not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id):
+            return None
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+            return None
+
+        def number(name: str, low: float, high: float) -> float | None:
+            raw = item.get(name)
+            ok = isinstance(raw, int | float) and not isinstance(raw, bool) and low <= raw <= high
+            return float(raw) if ok else None
+
+        max_attempts = item.get("max_attempts")
+        return cls(
+            id=job_id,
+            type=item.get("type") if isinstance(item.get("type"), str) else "",
+            attempt=attempt,
+            params=as_dict(item.get("params")),
+            max_attempts=max_attempts if isinstance(max_attempts, int) and not isinstance(max_attempts, bool) else None,
+            progress_interval=number("progress_interval_seconds", 0.05, 3600) or PROGRESS_INTERVAL_SECONDS,
+            lease_seconds=number("lease_seconds", 1, 86400),
+        )
+
+    def describe(self) -> str:
+        """`job <id> (<type>, attempt <n>)` for log lines."""
+        return f"job {self.id} ({self.type or 'no type'}, attempt {self.attempt})"
+
+
+class JobsClient:
+    """The agent's side of the job endpoints (J2); a 409 JOB_LEASE_LOST is raised as LeaseLost."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def _post(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        try:
+            return self.client.post(path, {**wire_versions(), **body})
+        except PublishError as error:
+            if error.status == 409 and error.code == JOB_LEASE_LOST:
+                raise LeaseLost(error) from None
+            raise
+
+    def claim(self, capabilities: list[str]) -> dict[str, object]:
+        """POST …/jobs/claim: the reply's `job`, or an empty reply (204) when none is waiting."""
+        return self._post("/api/v1/agent/jobs/claim", {"capabilities": capabilities})
+
+    def progress(self, job: Job, progress: Progress) -> dict[str, object]:
+        """POST …/progress: renews the lease; the reply says whether an operator cancelled."""
+        return self._post(
+            f"/api/v1/agent/jobs/{job.id}/progress", {"attempt": job.attempt, "progress": progress.to_wire()}
+        )
+
+    def complete(self, job: Job, result: dict[str, object]) -> None:
+        """POST …/complete with the job's result."""
+        self._post(f"/api/v1/agent/jobs/{job.id}/complete", {"attempt": job.attempt, "result": result})
+
+    def fail(self, job: Job, failure: JobFailure) -> None:
+        """POST …/fail with the error and whether a retry may help."""
+        body = {"attempt": job.attempt, "error": failure.to_wire(), "retryable": failure.retryable}
+        self._post(f"/api/v1/agent/jobs/{job.id}/fail", body)
+
+
+JobHandler = Callable[[Job, Config, JobControl, Callable[[Progress], None]], dict[str, object]]
+# Job type → the function that runs it, and the libraries it imports when it runs; each job
+# section below registers its own.
+JOB_HANDLERS: dict[str, JobHandler] = {}
+JOB_LIBRARIES: dict[str, tuple[str, ...]] = {}
+
+
+class JobRunner:
+    """One claimed job in a worker thread, so heartbeats go on (J2): progress every interval,
+    then exactly one complete or fail report, or none when the lease was lost."""
+
+    def __init__(
+        self,
+        job: Job,
+        client: JobsClient,
+        config: Config,
+        shutdown: threading.Event,
+        handlers: dict[str, JobHandler] | None = None,
+    ) -> None:
+        self.job, self.client, self.config, self.shutdown = job, client, config, shutdown
+        self.handlers = handlers if handlers is not None else JOB_HANDLERS
+        self.control = JobControl()
+        self.finished = threading.Event()
+        self._progress = Progress()
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self.run, name=f"job-{job.id}", daemon=True)
+
+    def start(self) -> JobRunner:
+        """Run the job in its own thread."""
+        self.thread.start()
+        return self
+
+    def alive(self) -> bool:
+        """Whether the job is still running."""
+        return self.thread.is_alive()
+
+    def on_progress(self, progress: Progress) -> None:
+        """Called by the job as it goes; the reporter thread sends the latest on its interval."""
+        with self._lock:
+            self._progress = progress
+
+    def latest_progress(self) -> Progress:
+        """The last progress the job gave."""
+        with self._lock:
+            return self._progress
+
+    def run(self) -> None:
+        """Run the handler while a reporter thread sends progress, then report the outcome."""
+        job = self.job
+        log.info("%s claimed", job.describe())
+        reporter = threading.Thread(target=self.report_progress_loop, name=f"job-{job.id}-progress", daemon=True)
+        reporter.start()
+        result: dict[str, object] | None = None
+        failure: JobFailure | None = None
+        try:
+            result = self.execute()
+        except JobAbandoned as abandoned:
+            log.info("%s stopped (%s); its partial files are kept for the next attempt", job.describe(), abandoned)
+        except JobFailure as error:
+            failure = error
+        except Exception as error:  # the worker thread must always end the job's story with a report
+            log.exception("%s: unexpected %s", job.describe(), type(error).__name__)
+            failure = JobFailure("AGENT_INTERNAL_ERROR", f"the agent hit {type(error).__name__}", retryable=True)
+        finally:
+            self.finished.set()
+            reporter.join()
+        if failure is not None:
+            log.warning(
+                "%s failed: %s %s (%s)",
+                job.describe(),
+                failure.code,
+                failure.message,
+                "retryable" if failure.retryable else "not retryable",
+            )
+            self.deliver("fail", lambda: self.client.fail(job, failure))
+        elif result is not None and self.send_progress():
+            log.info(
+                "%s succeeded: %s files, %s bytes at %s",
+                job.describe(),
+                result.get("files"),
+                result.get("total_bytes"),
+                result.get("container_path"),
+            )
+            self.deliver("complete", lambda: self.client.complete(job, result))
+
+    def execute(self) -> dict[str, object]:
+        """Dispatch to the handler for the job's type."""
+        handler = self.handlers.get(self.job.type)
+        if handler is None:
+            raise JobFailure(JOB_TYPE_UNSUPPORTED, f"this agent does not run {self.job.type!r} jobs", retryable=False)
+        return handler(self.job, self.config, self.control, self.on_progress)
+
+    def report_progress_loop(self) -> None:
+        """Every progress interval until the job ends: report, and stop the job if told to."""
+        while not self.finished.wait(self.job.progress_interval):
+            if self.shutdown.is_set():
+                self.control.abandon("the agent is stopping")
+                return
+            if not self.send_progress():
+                return  # the lease is lost: no report of this attempt is ever sent again
+
+    def send_progress(self) -> bool:
+        """One progress report; False once the lease is lost. An unreachable control plane is
+        only logged: the job goes on and the next interval tries again (the lease may lapse)."""
+        try:
+            reply = self.client.progress(self.job, self.latest_progress())
+        except LeaseLost as lost:
+            log.warning("%s: %s; this attempt stops and reports nothing more", self.job.describe(), lost)
+            self.control.abandon("lease lost")
+            return False
+        except PublishError as error:
+            log.warning("%s; the job goes on, next report in %gs", error.describe(), self.job.progress_interval)
+            return True
+        if reply.get("cancel_requested") is True and not self.control.cancelled.is_set():
+            log.info("%s: cancel requested", self.job.describe())
+            self.control.cancel()
+        return True
+
+    def deliver(self, what: str, send: Callable[[], None]) -> None:
+        """Send the final report, retrying an unreachable control plane with backoff for a while;
+        a 409 lease lost or another refusal is never retried."""
+        backoff = Backoff()
+        deadline = time.monotonic() + FINAL_REPORT_PATIENCE_SECONDS
+        while True:
+            try:
+                send()
+                return
+            except LeaseLost as lost:
+                log.warning("%s: %s; the %s report is dropped", self.job.describe(), lost, what)
+                return
+            except PublishError as error:
+                if error.status is not None and error.status < 500:
+                    log.error("%s: %s; the %s report was refused", self.job.describe(), error.describe(), what)
+                    return
+                delay = backoff.next_delay()
+                if time.monotonic() + delay > deadline:
+                    log.error("%s: %s; giving up on the %s report", self.job.describe(), error.describe(), what)
+                    return
+                log.warning("%s (backoff %s); next try in %gs", error.describe(), backoff.describe(), delay)
+                if self.shutdown.wait(backoff.jittered(delay)):
+                    return
+
+
 # --------------------------------------------------------------------------- publishing loop
 
 
@@ -727,7 +1186,7 @@ class Exit(Exception):
 
 
 class Agent:
-    """Enrol once, then publish inventory and heartbeats until stopped."""
+    """Enrol once, then publish inventory and heartbeats, and run the jobs it claims, until stopped."""
 
     def __init__(self, config: Config, nvml: Nvml, preflight: Preflight, stop: threading.Event) -> None:
         self.config = config
@@ -745,10 +1204,16 @@ class Agent:
         self.said_once: set[str] = set()
         self.storage_problems: dict[str, str] = {}
         self.unnamed_gpus: list[int] = []
+        self.capabilities = advertised_capabilities()
+        self.storage_roots = StorageRoots(config.data_dirs["artifacts"])
+        self.jobs = JobsClient(self.client)
+        self.jobs_waiting = 0
+        self.claim_due = True  # J2: one claim right after start-up, in case a job waits already
+        self.runner: JobRunner | None = None
 
     def versions(self) -> dict[str, object]:
         """The version fields every request carries (A1)."""
-        return {"protocol_version": PROTOCOL_VERSION, "agent_version": AGENT_VERSION}
+        return wire_versions()
 
     def enroll(self, node_id: str) -> None:
         """Claim the token once, or exit 4 naming the reason (E2, E3, I2); no token is a ConfigError."""
@@ -894,7 +1359,8 @@ class Agent:
     def send_inventory(self, inventory: dict[str, object], digest: str, now: float) -> None:
         """POST the inventory; a refusal (400, 413) never stops heartbeats, other failures re-raise."""
         try:
-            reply = self.client.post("/api/v1/agent/inventory", {**self.versions(), "inventory": inventory})
+            body = {**self.versions(), "inventory": inventory, "capabilities": self.capabilities}
+            reply = self.client.post("/api/v1/agent/inventory", body)
         except PublishError as error:
             if error.status in (400, 413):
                 # The server refused this inventory (too large, a field it rejects): say so, keep
@@ -913,11 +1379,48 @@ class Agent:
         log.info("inventory published: %d GPU(s)", len(inventory["gpus"]))
 
     def heartbeat(self) -> None:
-        """One heartbeat with health and fresh telemetry."""
+        """One heartbeat with health, fresh telemetry and, when due, what the agent sees of its
+        storage roots (J1); the reply may carry a new root list and the number of waiting jobs."""
         samples, failures = self.telemetry()
-        body = {**self.versions(), "health": self.health(failures), "telemetry": samples}
+        now = time.monotonic()
+        roots = self.storage_roots.heartbeat_fields(now)
+        body = {**self.versions(), "health": self.health(failures), "telemetry": samples, **roots}
         reply = self.client.post("/api/v1/agent/heartbeat", body)
+        self.storage_roots.delivered(roots, now)
+        self.storage_roots.take_reply(reply)
         self.take_interval(reply)
+        waiting = reply.get("jobs_waiting")
+        self.jobs_waiting = waiting if isinstance(waiting, int) and not isinstance(waiting, bool) else 0
+
+    def maybe_claim(self) -> None:
+        """Claim a job after start-up, after a job ends, and whenever a heartbeat says one waits
+        (J2: picked up within one heartbeat interval); one job at a time, in a worker thread."""
+        if self.runner is not None:
+            if self.runner.alive():
+                return
+            self.runner, self.claim_due = None, True
+        if not self.capabilities or not (self.claim_due or self.jobs_waiting > 0):
+            return
+        self.claim_due = False
+        try:
+            reply = self.jobs.claim(self.capabilities)
+        except PublishError as error:
+            if error.status is None or error.status >= 500:
+                self.claim_due = True
+                log.warning("%s: no job claimed; trying again after the next heartbeat", error.describe())
+            elif f"claim-{error.status}" not in self.said_once:
+                self.said_once.add(f"claim-{error.status}")
+                log.warning("%s: the control plane refused the claim", error.describe())
+            return
+        if reply.get("job") is None:
+            return  # 204: nothing waits for this node
+        job = Job.from_claim(reply["job"])
+        if job is None:
+            log.error("the claim reply's job has no usable id or attempt; it is left to its lease")
+            return
+        client = Client(self.config)
+        client.credential = self.client.credential
+        self.runner = JobRunner(job, JobsClient(client), self.config, self.stop).start()
 
     def publish_once(self) -> None:
         """Inventory if due, then one heartbeat, which an inventory the server refuses never blocks."""
@@ -956,6 +1459,7 @@ class Agent:
                 self.backoff.reset()
             if once:
                 return EXIT_OK
+            self.maybe_claim()
             # Drift-free: the next beat is scheduled from the last one, not from "now".
             next_beat += self.interval
             delay = next_beat - time.monotonic()
@@ -983,7 +1487,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python3 -m modelforge_node_agent",
         description="ModelForge node agent: enrols once, then publishes inventory, health and GPU "
-        "telemetry to the control plane. Outbound only.",
+        "telemetry to the control plane and runs the jobs it claims. Outbound only.",
         epilog="Exit codes: 0 done, 2 configuration error, 3 NVIDIA preflight failure, "
         "4 enrolment refused, 5 credential revoked.",
     )
