@@ -108,6 +108,8 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
                     {**inventory.facts, "received_at": isoformat(inventory.received_at)} if inventory else None
                 ),
                 "gpus": [gpu.to_dict() for gpu in gpus[node.id]],
+                # J2: the job types the agent advertised in its last inventory.
+                "capabilities": list(lease.capabilities or []) if lease else [],
                 "telemetry": telemetry.get(node.id, []),
                 "eligibility": {
                     "production_eligible": node.production_eligible,

@@ -317,3 +317,8 @@ def test_jobs_list_filters_and_pages_newest_first(client, node):
     assert [job["id"] for job in rest["jobs"]] == ids[::-1][queue.PAGE_SIZE :] and rest["next_before"] is None
     assert client.get("/api/v1/admin/jobs?state=running", headers=ADMIN).get_json()["jobs"] == []
     assert client.get("/api/v1/admin/jobs?state=done", headers=ADMIN).status_code == 400
+
+
+def test_the_node_shows_the_job_types_its_agent_advertised(client, node):
+    described = client.get(f"/api/v1/hardware/nodes/{node['id']}", headers=ADMIN).get_json()
+    assert described["capabilities"] == [ACQUIRE]

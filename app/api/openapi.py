@@ -181,6 +181,7 @@ NODE = _obj(
         "health": {"type": ["object", "null"]},
         "inventory": {"type": ["object", "null"]},
         "gpus": {"type": "array", "items": GPU},
+        "capabilities": {"type": "array", "items": {"type": "string"}},
         "telemetry": {"type": "array", "items": TELEMETRY_SAMPLE},
         "eligibility": _obj(
             {
