@@ -154,6 +154,10 @@ def test_hardened_agent_container_enrols_goes_online_and_keeps_its_identity(agen
         assert inspect.stdout.split()[0] == "true"
         user = podman("exec", first.name, "python3", "-c", "import os; print(os.getuid())")
         assert user.stdout.strip() == "65532"  # not root
+        # J3: the image carries what artifact.acquire.v1 imports, and the agent advertises it.
+        version = "import huggingface_hub, httpx2; print(huggingface_hub.__version__)"
+        hub = podman("exec", first.name, "python3", "-c", version)
+        assert hub.stdout.strip() == "2.4.0", hub.stderr
         # Nothing written outside the state volume and the tmpfs: the only differences are the
         # files podman itself mounts into every container.
         changes = set(podman("diff", first.name).stdout.split("\n")) - {""}
@@ -168,6 +172,7 @@ def test_hardened_agent_container_enrols_goes_online_and_keeps_its_identity(agen
             time.sleep(0.5)
             node = requests.get(f"{agent_server.url}/api/v1/hardware/nodes/{node_id}", headers=ADMIN, timeout=10).json()
         assert node["status"] == "online"
+        assert node["capabilities"] == ["artifact.acquire.v1"]
         first_logs = first.logs()
         first.remove()
 

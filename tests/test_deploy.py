@@ -31,6 +31,7 @@ UNRAID_TEMPLATE = DEPLOY / "unraid" / "modelforge-node-agent.xml"
 
 CONTROL_PLANE_COMPOSE = DEPLOY / "docker-compose.yml"
 AGENT_COMPOSE = DEPLOY / "docker-compose.node-agent.yml"
+HF_TOKEN_COMPOSE = DEPLOY / "docker-compose.node-agent.hf-token.yml"
 PRIVATE_CA_COMPOSE = DEPLOY / "docker-compose.node-agent.private-ca.yml"
 CONTROL_PLANE_DOCKERFILE = DEPLOY / "Dockerfile.control-plane"
 AGENT_DOCKERFILE = DEPLOY / "Dockerfile.node-agent"
@@ -45,6 +46,7 @@ REQUIRED_VALUES = {
     "MODELFORGE_AGENT_CA_CERT_PATH": "/mnt/user/appdata/modelforge-node-agent/ca.pem",
     "MODELFORGE_AGENT_CONTROL_PLANE_HOST_ALIAS": "modelforge.lan",
     "MODELFORGE_AGENT_CONTROL_PLANE_HOST_ADDRESS": "192.0.2.10",
+    "MODELFORGE_HF_TOKEN_HOST_FILE": "/mnt/user/appdata/modelforge-node-agent/hf-token",
 }
 VOLUME_TARGETS = {
     "MODELFORGE_AGENT_STATE_VOLUME": ("/data/state", "node-agent-state"),
@@ -263,6 +265,7 @@ def test_compose_file_validates_against_the_compose_spec(path):
     "files",
     [
         ("docker-compose.node-agent.yml", "docker-compose.node-agent.private-ca.yml"),
+        ("docker-compose.node-agent.yml", "docker-compose.node-agent.hf-token.yml"),
         ("docker-compose.yml", "docker-compose.node-agent.yml"),
         ("docker-compose.yml", "docker-compose.node-agent.yml", "docker-compose.node-agent.private-ca.yml"),
     ],
@@ -527,6 +530,7 @@ def normalised_flags(extra_params: str) -> set[str]:
 def test_unraid_template_matches_the_compose_file():
     root = unraid_template()
     service = load(AGENT_COMPOSE)["services"]["node-agent"]
+    hf_token = load(HF_TOKEN_COMPOSE)["services"]["node-agent"]
     assert root.tag == "Container" and root.get("version") == "2"
     assert root.findtext("Name") == "modelforge-node-agent"
     assert root.findtext("Repository") == interpolate_string(service["image"], {})
@@ -554,6 +558,10 @@ def test_unraid_template_matches_the_compose_file():
     example = parse_env_file(ENV_EXAMPLE)
     paths = {config.get("Target"): config for config in root.iter("Config") if config.get("Type") == "Path"}
     compose_targets = {volume_parts(entry)[1] for entry in service["volumes"]}
+    # J3: the Hub token file goes where the token overlay's Compose secret lands, read-only, no default.
+    token_file = paths.pop("/run/secrets/hf_token")
+    assert hf_token["environment"]["MODELFORGE_HF_TOKEN_FILE"] == "/run/secrets/hf_token"
+    assert (token_file.get("Mode"), token_file.get("Default"), token_file.get("Required")) == ("ro", "", "false")
     assert set(paths) == compose_targets
     for variable, (target, _) in VOLUME_TARGETS.items():
         default = paths[target].get("Default")
@@ -564,10 +572,11 @@ def test_unraid_template_matches_the_compose_file():
 
     # The same variable names; secrets masked and empty.
     variables = {config.get("Target"): config for config in root.iter("Config") if config.get("Type") == "Variable"}
-    assert set(variables) == set(service["environment"])
+    assert set(variables) == set(service["environment"]) | set(hf_token["environment"])
     for secret in ("MODELFORGE_AGENT_ENROLLMENT_TOKEN", "MODELFORGE_HF_TOKEN"):
         assert variables[secret].get("Mask") == "true"
         assert not variables[secret].get("Default") and not (variables[secret].text or "").strip()
+    assert not (variables["MODELFORGE_HF_TOKEN_FILE"].text or "").strip()
     for name, config in variables.items():
         if name not in {"MODELFORGE_AGENT_ENROLLMENT_TOKEN", "MODELFORGE_HF_TOKEN"}:
             assert config.get("Mask") == "false", name
@@ -764,3 +773,17 @@ def test_every_control_plane_setting_the_deploy_files_set_is_read_by_the_control
     assert compose and dockerfile
     for name in set(compose) | set(dockerfile):
         assert f'"{name}"' in source, f"the deploy files set {name}, which the control plane never reads"
+
+
+def test_the_hub_token_comes_from_a_read_only_secret_file_never_the_compose_text():
+    overlay = load(HF_TOKEN_COMPOSE)
+    service = overlay["services"]["node-agent"]
+    # J3, P2: the file is a Compose secret; the environment names only where it lands.
+    assert service["secrets"] == ["hf_token"]
+    assert overlay["secrets"]["hf_token"]["file"].startswith("${MODELFORGE_HF_TOKEN_HOST_FILE:?")
+    assert service["environment"] == {"MODELFORGE_HF_TOKEN": "", "MODELFORGE_HF_TOKEN_FILE": "/run/secrets/hf_token"}
+    for path in (AGENT_COMPOSE, HF_TOKEN_COMPOSE):
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\bhf_[A-Za-z0-9]{20,}", text), path.name  # nothing shaped like a Hub token
+    base = load(AGENT_COMPOSE)["services"]["node-agent"]["environment"]
+    assert base["MODELFORGE_HF_TOKEN"] == "${MODELFORGE_HF_TOKEN:-}"  # or from the environment, never written here
