@@ -1840,7 +1840,6 @@ class Acquisition:
         self.partial = PartialDir(root, job_id)
         self.commit = ""
         self.progress = Progress()
-        self.reported_at = 0.0
         self.written_since_check = 0
 
     def run(self) -> dict[str, object]:
@@ -1855,7 +1854,7 @@ class Acquisition:
         self.commit = self.hub.resolve_commit(request, revision)
         files = self.hub.list_files(request, self.commit)
         total = sum(remote.size for remote in files)
-        self.report(Progress(0, total, 0, len(files)), force=True)
+        self.report(Progress(0, total, 0, len(files)))
         final_parts = request.final_parts(self.commit)
         if self.already_present(final_parts, files):
             self.partial.remove()
@@ -1874,7 +1873,7 @@ class Acquisition:
         for remote in files:
             self.control.check()
             self.fetch(remote)
-            self.report(replace(self.progress, files_done=self.progress.files_done + 1), force=True)
+            self.report(replace(self.progress, files_done=self.progress.files_done + 1))
             log.info(
                 "job %s: %s verified (%d bytes, %d/%d)",
                 self.job_id,
@@ -1891,13 +1890,10 @@ class Acquisition:
         self.partial.remove()  # only left when another attempt won the rename
         return self.result(files)
 
-    def report(self, progress: Progress, force: bool = False) -> None:
-        """Keep the progress and pass it on, at most five times a second unless `force`."""
+    def report(self, progress: Progress) -> None:
+        """Keep the progress and pass every change on: the caller decides how often to send it."""
         self.progress = progress
-        now = time.monotonic()
-        if force or now - self.reported_at >= 0.2:
-            self.reported_at = now
-            self.on_progress(progress)
+        self.on_progress(progress)
 
     def free_bytes(self) -> int:
         """Free bytes on the root's filesystem for an unprivileged writer."""
@@ -2155,7 +2151,7 @@ class Acquisition:
     def result(self, files: list[RemoteFile]) -> dict[str, object]:
         """The job's result (the control plane adds artifact_id and host_path)."""
         total = sum(remote.size for remote in files)
-        self.report(Progress(total, total, len(files), len(files)), force=True)
+        self.report(Progress(total, total, len(files), len(files)))
         return {
             "commit": self.commit,
             "container_path": os.path.join(self.request.container_path, *self.request.final_parts(self.commit)),
