@@ -72,6 +72,16 @@ def start_agent(tmp_path: Path, server: GunicornServer, hub: StandinHub, **env: 
     return agent
 
 
+def online_agent_with_root(tmp_path: Path, server: GunicornServer, hub: StandinHub):
+    """A started agent whose node is online, with one root at <artifacts>/registry registered for it."""
+    agent = start_agent(tmp_path, server, hub)
+    node_id = agent.node_id()
+    wait_node_online(server, node_id)
+    root_dir = agent.home / "artifacts" / "registry"
+    root_dir.mkdir()
+    return agent, node_id, root_dir, add_root(server, node_id, root_dir)
+
+
 def api(server: GunicornServer, method: str, path: str, **kwargs) -> requests.Response:
     return requests.request(method, server.url + path, headers=ADMIN, timeout=10, **kwargs)
 
@@ -118,12 +128,7 @@ def expected_bytes(hub: StandinHub, repo_id: str, path: str) -> bytes:
 
 def test_a_model_is_acquired_at_one_commit_verified_and_moved_into_place(tmp_path, jobs_server, hub):
     commit = hub.add_repo("org/tiny", FILES)
-    agent = start_agent(tmp_path, jobs_server, hub)
-    node_id = agent.node_id()
-    wait_node_online(jobs_server, node_id)
-    root_dir = agent.home / "artifacts" / "registry"
-    root_dir.mkdir()
-    root = add_root(jobs_server, node_id, root_dir)
+    agent, node_id, root_dir, root = online_agent_with_root(tmp_path, jobs_server, hub)
     expected = {path: expected_bytes(hub, "org/tiny", path) for path in FILES}
     hub.clear_requests()
     hub.stall("model.gguf", after_bytes=2 * 2**20, seconds=2)
@@ -164,12 +169,7 @@ def test_a_model_is_acquired_at_one_commit_verified_and_moved_into_place(tmp_pat
 def test_a_killed_agent_resumes_its_partial_download_on_the_same_node(tmp_path, jobs_server, hub):
     hub.add_repo("org/big", {"model.gguf": Generated(24 * 2**20, seed=3), "config.json": b"{}"})
     hub.stall("model.gguf", after_bytes=9 * 2**20, seconds=30)
-    agent = start_agent(tmp_path, jobs_server, hub)
-    node_id = agent.node_id()
-    wait_node_online(jobs_server, node_id)
-    root_dir = agent.home / "artifacts" / "registry"
-    root_dir.mkdir()
-    root = add_root(jobs_server, node_id, root_dir)
+    agent, node_id, root_dir, root = online_agent_with_root(tmp_path, jobs_server, hub)
     job = acquire(jobs_server, node_id, root["id"], repo_id="org/big")
     partial = root_dir / ".partial" / job["id"]
     deadline = time.monotonic() + 30
@@ -196,12 +196,8 @@ def test_a_killed_agent_resumes_its_partial_download_on_the_same_node(tmp_path, 
 def test_a_lapsed_lease_is_requeued_within_a_sweep_tick_and_the_old_attempt_is_refused(tmp_path, jobs_server, hub):
     hub.add_repo("org/slow", {"model.gguf": Generated(8 * 2**20, seed=5)})
     hub.stall("model.gguf", after_bytes=2**20, seconds=60, times=None)
-    agent = start_agent(tmp_path, jobs_server, hub)
-    node_id, credential = agent.node_id(), agent.credential()
-    wait_node_online(jobs_server, node_id)
-    root_dir = agent.home / "artifacts" / "registry"
-    root_dir.mkdir()
-    root = add_root(jobs_server, node_id, root_dir)
+    agent, node_id, _, root = online_agent_with_root(tmp_path, jobs_server, hub)
+    credential = agent.credential()
     job = acquire(jobs_server, node_id, root["id"], repo_id="org/slow")
     running = wait_job(jobs_server, job["id"], {"running"}, timeout=10)
     agent.process.kill()
@@ -268,12 +264,7 @@ def test_the_hub_token_reaches_the_hub_and_nothing_else(tmp_path, jobs_server, h
     with StandinHub(reject_authorization=True) as cdn:
         hub.add_repo("org/gated", FILES, gated=True, token=HF_TOKEN)
         hub.redirect_lfs_to(cdn)
-        agent = start_agent(tmp_path, jobs_server, hub)
-        node_id = agent.node_id()
-        wait_node_online(jobs_server, node_id)
-        root_dir = agent.home / "artifacts" / "registry"
-        root_dir.mkdir()
-        root = add_root(jobs_server, node_id, root_dir)
+        agent, node_id, root_dir, root = online_agent_with_root(tmp_path, jobs_server, hub)
         job = acquire(jobs_server, node_id, root["id"], repo_id="org/gated")
         done = wait_job(jobs_server, job["id"], {"succeeded", "failed"})
         assert done["state"] == "succeeded", done
@@ -297,12 +288,7 @@ def test_a_corrupted_file_is_quarantined_with_its_evidence_and_the_job_fails_aft
 ):
     hub.add_repo("org/bad", {"model.gguf": Generated(3 * 2**20, seed=11), "config.json": b"{}"})
     hub.corrupt("org/bad", "model.gguf", offset=12345)
-    agent = start_agent(tmp_path, jobs_server, hub)
-    node_id = agent.node_id()
-    wait_node_online(jobs_server, node_id)
-    root_dir = agent.home / "artifacts" / "registry"
-    root_dir.mkdir()
-    root = add_root(jobs_server, node_id, root_dir)
+    agent, node_id, root_dir, root = online_agent_with_root(tmp_path, jobs_server, hub)
     body = {"type": ACQUIRE, "node_id": node_id, "params": {"repo_id": "org/bad", "storage_root_id": root["id"]}}
     response = api(jobs_server, "POST", "/api/v1/admin/jobs", json={**body, "max_attempts": 2})
     assert response.status_code == 201, response.text
