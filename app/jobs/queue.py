@@ -154,6 +154,11 @@ _NEXT_STEPS = {
     "ARTIFACT_VERIFICATION_FAILED": "The node keeps the bad files in its quarantine directory with reason.json.",
     "JOB_LEASE_LOST": "The agent stopped reporting (killed or offline); check the node.",
     "JOB_CANCELLED": "Retry it if you want it again.",
+    "ARTIFACT_PATH_UNSAFE": "The Hub listed a path outside the download, or a symlink was found; nothing written.",
+    "HUB_TREE_INVALID": "The Hub's file list had an entry without a usable size or hash; check the repository.",
+    "JOB_PARAMS_INVALID": "Fix the job's parameters and create it again.",
+    "JOB_TYPE_UNSUPPORTED": "Upgrade the node agent, or send this job to a node that advertises its type.",
+    "AGENT_INTERNAL_ERROR": "The agent hit an unexpected error; its log says where. The job is retried.",
 }
 
 
