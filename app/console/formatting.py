@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 from app.timeutil import parse_rfc3339
@@ -60,4 +61,33 @@ def age_since(value: datetime | str | None, now: datetime | None = None) -> str:
     return human_age(max((now - moment).total_seconds(), 0)) + " ago"
 
 
-FILTERS = {"human_bytes": human_bytes, "human_age": human_age, "utc": utc, "age_since": age_since}
+def human_rate(bytes_per_second: float | None) -> str:
+    """A transfer rate in decimal megabytes, as download tools show it: 12.3 MB/s; None → '—'."""
+    if bytes_per_second is None or bytes_per_second < 0:
+        return "—"
+    if bytes_per_second < 100_000:
+        return f"{bytes_per_second / 1000:.1f} kB/s"
+    return f"{bytes_per_second / 1_000_000:.1f} MB/s"
+
+
+def eta(seconds: float | None) -> str:
+    """Time left, rounded up to whole seconds: 'about 3 min'; None → '—' (no rate measured yet)."""
+    if seconds is None or seconds < 0:
+        return "—"
+    return "about " + human_age(math.ceil(seconds))
+
+
+def short_commit(commit: str | None, length: int = 7) -> str:
+    """A commit as git abbreviates it (the full one belongs in a title); None → '—'."""
+    return commit[:length] if commit else "—"
+
+
+FILTERS = {
+    "human_bytes": human_bytes,
+    "human_age": human_age,
+    "utc": utc,
+    "age_since": age_since,
+    "human_rate": human_rate,
+    "eta": eta,
+    "short_commit": short_commit,
+}

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal
+
 from flask_wtf import FlaskForm
-from wtforms import BooleanField, PasswordField, RadioField, SelectField, StringField, TextAreaField
+from wtforms import BooleanField, DecimalField, PasswordField, RadioField, SelectField, StringField, TextAreaField
 from wtforms.fields.choices import SelectChoice
-from wtforms.validators import DataRequired, Length, Optional, ValidationError
+from wtforms.validators import DataRequired, InputRequired, Length, Optional, ValidationError
 
 from app import rules
 from app.console.commands import LOCAL_BUILD, ImageSource, env_value_error, pinned_image, release_image
 from app.enrollment import MAX_EXPIRY_SECONDS
+from app.jobs import storage
+from app.models import StorageRoot
 from app.release_manifest import MAX_PASTE_BYTES, parse_pasted
 
 # C4: the wizard offers exactly these token lifetimes.
@@ -124,3 +129,186 @@ class EnrollForm(FlaskForm):
             parse_labels(field.data or "")
         except ValueError as error:
             raise ValidationError(str(error)) from None
+
+
+# J1, J3: the API's rules for a storage root and an acquire job. They are stated only in
+# app/api/bodies.py (StorageRootCreate, AcquireParams), which the console may not import, so they
+# stand here once more under these names until they move to app/rules.py;
+# tests/test_console_jobs.py feeds both the same inputs so the two cannot drift apart.
+ROOT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+MAX_PATH_LENGTH = 1000
+REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_REPO_ID_LENGTH = 96
+REVISION_PATTERN = r"^[A-Za-z0-9._/-]+$"
+MAX_REVISION_LENGTH = 200
+MAX_PATTERNS = 64
+MAX_PATTERN_LENGTH = 200
+MAX_BYTES = 2**62
+
+# Free space is thought of in GiB (a model is gigabytes); MiB is there for small test roots.
+SIZE_UNITS = {"GiB": 2**30, "MiB": 2**20}
+REPO_TYPE_CHOICES = [SelectChoice("model", "model"), SelectChoice("dataset", "dataset")]
+
+
+def _stripped(value: str | None) -> str | None:
+    return value.strip() if isinstance(value, str) else value
+
+
+class Matches:
+    """The whole value matches `pattern` (fullmatch: a trailing newline is not let through by `$`)."""
+
+    def __init__(self, pattern: str, message: str) -> None:
+        self.pattern = re.compile(pattern)
+        self.message = message
+
+    def __call__(self, form, field) -> None:
+        if field.data and self.pattern.fullmatch(field.data) is None:
+            raise ValidationError(self.message)
+
+
+def absolute_path_problem(path: str) -> str | None:
+    """J1: why a root path is refused, or None: absolute, printable, no empty, `.` or `..` part."""
+    if len(path) > MAX_PATH_LENGTH:
+        return f"Use at most {MAX_PATH_LENGTH} characters."
+    if not rules.is_text(path):
+        return "Use printable characters only."
+    if not path.startswith("/"):
+        return "Write an absolute path, starting with /."
+    parts = path[1:].removesuffix("/").split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "Write the path without empty, . or .. parts (no // and no going up)."
+    return None
+
+
+class AbsolutePath:
+    """A field validator for `absolute_path_problem`."""
+
+    def __call__(self, form, field) -> None:
+        if field.data and (problem := absolute_path_problem(field.data)):
+            raise ValidationError(problem)
+
+
+class StorageRootForm(FlaskForm):
+    """J1: a root on a node; where the bytes are on the host and where the agent sees them are two facts."""
+
+    name = StringField(
+        "Name",
+        filters=[_stripped],
+        validators=[
+            DataRequired(message="Name the root, e.g. models."),
+            Matches(ROOT_NAME_PATTERN, "Up to 63 letters, digits, . _ - starting with a letter or digit."),
+        ],
+    )
+    host_path = StringField(
+        "Host path",
+        filters=[_stripped],
+        validators=[DataRequired(message="Where the files live on the host."), AbsolutePath()],
+    )
+    container_path = StringField(
+        "Container path",
+        filters=[_stripped],
+        validators=[DataRequired(message="Where the agent sees the same directory."), AbsolutePath()],
+    )
+    min_free = DecimalField(
+        "Keep free at least",
+        default=Decimal(10),
+        places=None,  # shown as typed: 10, 1.5
+        validators=[InputRequired(message="How much space must stay free (0 for none).")],
+    )
+    min_free_unit = SelectField("Unit", choices=list(SIZE_UNITS), default="GiB")
+
+    def validate_min_free(self, field) -> None:
+        """A finite, non-negative size that fits in the API's byte count."""
+        if field.data is None:
+            return
+        if not field.data.is_finite() or field.data < 0:
+            raise ValidationError("Write a size of 0 or more.")
+        if self.min_free_bytes() > MAX_BYTES:
+            raise ValidationError("That is more space than any disk holds.")
+
+    def min_free_bytes(self) -> int:
+        """The size in whole bytes (what the API and the agent use)."""
+        return int(self.min_free.data * SIZE_UNITS.get(self.min_free_unit.data, SIZE_UNITS["GiB"]))
+
+    def root_request(self) -> storage.RootRequest:
+        """The validated root as the domain takes it; paths without a trailing / (as the API stores them)."""
+        return storage.RootRequest(
+            name=self.name.data,
+            host_path=self.host_path.data.rstrip("/"),
+            container_path=self.container_path.data.rstrip("/"),
+            min_free_bytes=self.min_free_bytes(),
+        )
+
+
+def parse_patterns(text: str) -> list[str] | None:
+    """One glob per line (blank lines ignored) → list, or None for none; ValueError names the bad line."""
+    patterns = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        if len(line) > MAX_PATTERN_LENGTH or not rules.is_text(line):
+            raise ValueError(f"line {number}: a pattern is up to {MAX_PATTERN_LENGTH} printable characters")
+        patterns.append(line)
+    if len(patterns) > MAX_PATTERNS:
+        raise ValueError(f"at most {MAX_PATTERNS} patterns")
+    return patterns or None
+
+
+class Patterns:
+    """A field validator for `parse_patterns`."""
+
+    def __call__(self, form, field) -> None:
+        try:
+            parse_patterns(field.data or "")
+        except ValueError as error:
+            raise ValidationError(f"{str(error).capitalize()}.") from None
+
+
+class AcquireForm(FlaskForm):
+    """J3, J4: which repository revision to download onto which of this node's roots."""
+
+    repo_id = StringField(
+        "Repository",
+        filters=[_stripped],
+        validators=[
+            DataRequired(message="Name the repository as owner/name."),
+            Length(max=MAX_REPO_ID_LENGTH),
+            Matches(REPO_ID_PATTERN, "Write the repository as owner/name (letters, digits, . _ -)."),
+        ],
+    )
+    revision = StringField(
+        "Revision",
+        default="main",
+        filters=[_stripped],
+        validators=[
+            DataRequired(message="Name a branch, tag or commit (main by default)."),
+            Length(max=MAX_REVISION_LENGTH),
+            Matches(REVISION_PATTERN, "A branch, tag or commit: letters, digits, . _ / -."),
+        ],
+    )
+    repo_type = SelectField("Type", choices=REPO_TYPE_CHOICES, default="model")
+    # Choices are this node's roots; a root of another node is refused here with words, not "Not a valid choice".
+    storage_root_id = SelectField("Storage root", validate_choice=False)
+    allow_patterns = TextAreaField("Only files matching", validators=[Length(max=20_000), Patterns()])
+    ignore_patterns = TextAreaField("Skip files matching", validators=[Length(max=20_000), Patterns()])
+
+    def __init__(self, roots: list[StorageRoot], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.storage_root_id.choices = [SelectChoice(root.id, f"{root.name} — {root.container_path}") for root in roots]
+
+    def validate_storage_root_id(self, field) -> None:
+        """Only a root of this node (J1): the job must never land somewhere else."""
+        if field.data not in {choice.value for choice in field.choices}:
+            raise ValidationError("Pick one of this node's storage roots.")
+
+    def params(self) -> dict[str, object]:
+        """The job's params, shaped exactly as the API stores them (every key, None when unset)."""
+        return {
+            "repo_id": self.repo_id.data,
+            "revision": self.revision.data,
+            "repo_type": self.repo_type.data,
+            "storage_root_id": self.storage_root_id.data,
+            "allow_patterns": parse_patterns(self.allow_patterns.data or ""),
+            "ignore_patterns": parse_patterns(self.ignore_patterns.data or ""),
+        }

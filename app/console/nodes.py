@@ -13,6 +13,7 @@ from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.auth import login_required
 from app.console.charts import line_chart
 from app.console.commands import replace_credential_command
+from app.console.jobs import node_work_context
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import db
@@ -153,6 +154,7 @@ def _whole_node_page(node_id: str, window: str, **extra) -> str:
     """The node page with every panel; `extra` reaches the credential panel (a reveal, a notice)."""
     context = _live_context(node_id)
     context.update(_charts_context(context["node"], window))
+    context.update(node_work_context(node_id))  # J4: storage roots, artifacts, acquire
     return render_template("node.html", active="nodes", credentials=nodes.credentials(node_id), **context, **extra)
 
 

@@ -1,0 +1,403 @@
+"""What nodes do, in the console (J4): the jobs list, one job's live progress with cancel and
+retry, and on the node page its storage roots, its artifacts and a form to acquire a model."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+from flask import current_app, flash, redirect, render_template, request, url_for
+
+from app.console import bp, is_htmx_fragment_request, page_or_partial
+from app.console.auth import login_required
+from app.console.forms import AcquireForm, StorageRootForm
+from app.db import begin_read_only
+from app.errors import DomainError
+from app.extensions import db
+from app.jobs import artifacts, queue, storage
+from app.models import Artifact, Job, JobState, Node, StorageRoot
+from app.nodes import get as get_node
+from app.timeutil import isoformat, parse_rfc3339
+
+LIVE_STATES = (JobState.QUEUED, JobState.RUNNING)
+# J2: the API's default number of attempts for a job (JobCreate.max_attempts).
+DEFAULT_MAX_ATTEMPTS = 3
+# What a registered or deleted root tells the node page: the roots table and the acquire form
+# refetch. A delete's own outcome lands outside both (#storage-notice), so no refetch wipes it.
+ROOTS_CHANGED = "storage-roots-changed"
+
+
+def _known_id(value: str, code: str, what: str) -> str:
+    """Job and root ids are UUIDs: anything else is not found before a query (PostgreSQL refuses NUL)."""
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        raise DomainError(code, f"No {what} has id {value[:100]!r}.", "Ids are UUIDs; list them first.") from None
+    return value
+
+
+def _job(job_id: str) -> Job:
+    return queue.get(_known_id(job_id, "JOB_NOT_FOUND", "job"))
+
+
+def _node_names() -> dict[str, str]:
+    return dict(db.session.execute(sa.select(Node.id, Node.display_name).order_by(Node.display_name)).all())
+
+
+# --------------------------------------------------------------------------- progress
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The report this page showed last, carried by its own poll (see `measure`)."""
+
+    bytes_done: int
+    reported_at: datetime
+    rate: float | None
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    """One job's progress as the bar shows it; percent None means the size is not known yet."""
+
+    percent: float | None
+    bytes_done: int | None
+    bytes_total: int | None
+    files_done: int | None
+    files_total: int | None
+    reported_at: datetime | None
+    rate: float | None
+    eta_seconds: float | None
+
+
+def _count(progress: dict, key: str) -> int | None:
+    value = progress.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def progress_percent(job: Job) -> float | None:
+    """How far a job is, 0–100: by bytes when their total is known, else by files; None when unknown."""
+    if job.state == JobState.SUCCEEDED:
+        return 100.0
+    progress = job.progress or {}
+    for done_key, total_key in (("bytes_done", "bytes_total"), ("files_done", "files_total")):
+        done, total = _count(progress, done_key), _count(progress, total_key)
+        if done is not None and total:
+            return round(min(max(done / total, 0.0), 1.0) * 100, 1)
+    return None
+
+
+def _seen_from_request() -> Seen | None:
+    """The previous report the poll carried back; anything unreadable means none (it only shapes a rate)."""
+    reported_at = parse_rfc3339(request.args.get("seen_at", ""))
+    try:
+        bytes_done = int(request.args.get("seen_bytes", ""))
+    except ValueError:
+        return None
+    try:
+        rate = float(request.args.get("seen_rate", ""))
+    except ValueError:
+        rate = None
+    if reported_at is None or bytes_done < 0:
+        return None
+    return Seen(bytes_done, reported_at, rate if rate is not None and math.isfinite(rate) and rate >= 0 else None)
+
+
+def measure(job: Job, seen: Seen | None) -> tuple[ProgressView, Seen | None]:
+    """The progress view and what the next poll should carry.
+
+    J4: the rate is measured between two successive progress reports, each stamped by the control
+    plane when it arrived (`progress.updated_at`): the partial keeps the previous report's bytes
+    and time (and the rate they gave) in its own poll URL, so no server state is needed and a
+    report that has not changed since the last poll keeps the rate it had. A fresh page has no
+    previous report, so it shows no rate until the next report comes in; an average since
+    `started_at` would be wrong after a resume, whose bytes_done includes what earlier attempts
+    fetched. A report with fewer bytes than the one before (a new attempt) starts measuring again.
+    """
+    progress = job.progress or {}
+    bytes_done, bytes_total = _count(progress, "bytes_done"), _count(progress, "bytes_total")
+    reported_at = parse_rfc3339(progress["updated_at"]) if isinstance(progress.get("updated_at"), str) else None
+    rate = None
+    if seen is not None and reported_at is not None and bytes_done is not None:
+        elapsed = (reported_at - seen.reported_at).total_seconds()
+        if elapsed == 0 and bytes_done == seen.bytes_done:
+            rate = seen.rate
+        elif elapsed > 0 and bytes_done >= seen.bytes_done:
+            rate = (bytes_done - seen.bytes_done) / elapsed
+    eta_seconds = None
+    if rate and bytes_total is not None and bytes_done is not None and job.state == JobState.RUNNING:
+        eta_seconds = max(bytes_total - bytes_done, 0) / rate
+    view = ProgressView(
+        percent=progress_percent(job),
+        bytes_done=bytes_done,
+        bytes_total=bytes_total,
+        files_done=_count(progress, "files_done"),
+        files_total=_count(progress, "files_total"),
+        reported_at=reported_at,
+        rate=rate,
+        eta_seconds=eta_seconds,
+    )
+    carried = Seen(bytes_done, reported_at, rate) if reported_at is not None and bytes_done is not None else None
+    return view, carried
+
+
+def _poll_url(job: Job, carried: Seen | None) -> str:
+    """The live panel's own URL, carrying the report it shows (for the next rate)."""
+    if carried is None:
+        return url_for("console.job_page", job_id=job.id)
+    return url_for(
+        "console.job_page",
+        job_id=job.id,
+        seen_bytes=carried.bytes_done,
+        seen_at=isoformat(carried.reported_at),
+        seen_rate=None if carried.rate is None else f"{carried.rate:.1f}",
+    )
+
+
+# --------------------------------------------------------------------------- jobs list
+
+
+def _page_marker(errors: dict[str, str]) -> Job | None:
+    """`before` is the last job of the previous page (keyset paging, as the API's)."""
+    raw = (request.args.get("before") or "").strip()
+    if not raw:
+        return None
+    try:
+        return _job(raw)
+    except DomainError:
+        errors["before"] = "Not a page marker."
+        return None
+
+
+@bp.get("/jobs")
+@login_required
+def jobs_page():
+    """J4: jobs newest first, filtered by node, type and state; refreshes itself while any is live."""
+    begin_read_only()
+    errors: dict[str, str] = {}
+    node_names = _node_names()
+    allowed = {"node": node_names, "type": queue.TYPES, "state": [str(state) for state in JobState]}
+    filters = {name: (request.args.get(name) or "").strip()[:64] for name in allowed}
+    for name, values in allowed.items():
+        if filters[name] and filters[name] not in values:
+            errors[name] = "Pick a value from the list."
+            filters[name] = ""
+    before = _page_marker(errors)
+    found = queue.list_jobs(
+        filters["node"] or None,
+        filters["type"] or None,
+        filters["state"] or None,
+        before,
+        limit=queue.PAGE_SIZE + 1,
+    )
+    jobs = found[: queue.PAGE_SIZE]
+    link_filters = {name: value for name, value in filters.items() if value}
+    return page_or_partial(
+        "jobs.html",
+        "partials/_jobs_table.html",
+        jobs=jobs,
+        percent=progress_percent,
+        node_names=node_names,
+        filters=filters,
+        link_filters=link_filters,
+        errors=errors,
+        before=before.id if before else None,
+        next_before=jobs[-1].id if len(found) > queue.PAGE_SIZE else None,
+        # C2's rule: a table polls only while something in it can still change.
+        polling=any(job.state in LIVE_STATES for job in jobs),
+        job_types=queue.TYPES,
+        states=list(JobState),
+        active="jobs",
+    ), (400 if errors else 200)
+
+
+# --------------------------------------------------------------------------- one job
+
+
+def _job_context(job: Job, seen: Seen | None) -> dict[str, object]:
+    progress, carried = measure(job, seen)
+    live = job.state in LIVE_STATES
+    result = job.result or {}
+    artifact_id = result.get("artifact_id")
+    return {
+        "job": job,
+        "node": db.session.get(Node, job.node_id),
+        "root": db.session.get(StorageRoot, job.storage_root_id) if job.storage_root_id else None,
+        "artifact": db.session.get(Artifact, artifact_id) if isinstance(artifact_id, str) else None,
+        "progress": progress,
+        "live": live,
+        "poll_url": _poll_url(job, carried) if live else None,
+        "States": JobState,
+    }
+
+
+@bp.get("/jobs/<job_id>")
+@login_required
+def job_page(job_id: str):
+    """J4: every fact of one job and a progress bar that polls every 2 s until the job ends."""
+    begin_read_only()
+    context = _job_context(_job(job_id), _seen_from_request())
+    return page_or_partial("job.html", "partials/_job_live.html", active="jobs", **context)
+
+
+def _after_job_action(job: Job):
+    """The live panel in place of the old one; the notice slot (where a refusal would land) is cleared."""
+    if not is_htmx_fragment_request():
+        return redirect(url_for("console.job_page", job_id=job.id), 303)
+    body = render_template("partials/_job_live.html", clear_notice=True, **_job_context(job, None))
+    response = current_app.make_response(body)
+    # The buttons target #job-notice, so a 409 from the error handlers lands there and the panel
+    # stays; a success swaps the panel itself.
+    response.headers["HX-Retarget"] = "#job-live"
+    response.headers["HX-Reswap"] = "outerHTML"
+    return response
+
+
+@bp.post("/jobs/<job_id>/cancel")
+@login_required
+def cancel_job(job_id: str):
+    """J2: a queued job is cancelled at once; a running one is told to stop at its next report."""
+    return _after_job_action(queue.cancel(_known_id(job_id, "JOB_NOT_FOUND", "job")))
+
+
+@bp.post("/jobs/<job_id>/retry")
+@login_required
+def retry_job(job_id: str):
+    """J2: a failed or cancelled job goes back to the queue as a new attempt."""
+    return _after_job_action(queue.retry(_known_id(job_id, "JOB_NOT_FOUND", "job")))
+
+
+# --------------------------------------------------------------------------- node page panels
+
+
+def node_work_context(node_id: str) -> dict[str, object]:
+    """What the node page shows of the node's work: roots, artifacts and the two forms (J1, J3)."""
+    return {
+        **_acquire_context(node_id),
+        "artifacts": artifacts.for_node(node_id),
+        "root_form": StorageRootForm(formdata=None),
+    }
+
+
+def _panel(template: str, status: int = 200, trigger: str | None = None, **context):
+    response = current_app.make_response((render_template(template, **context), status))
+    if trigger:
+        response.headers["HX-Trigger"] = trigger
+    return response
+
+
+def _back_to_node(node_id: str, *messages: str):
+    """Outside htmx: say what happened on the node page (post/redirect/get)."""
+    for message in messages:
+        flash(message)
+    return redirect(url_for("console.node_page", node_id=node_id), 303)
+
+
+def _refetched_panel(node_id: str, template: str, context: Callable[[str], dict[str, object]]):
+    """A node page panel fetching itself again (htmx); outside htmx, the node page."""
+    if not is_htmx_fragment_request():
+        return redirect(url_for("console.node_page", node_id=node_id))
+    begin_read_only()
+    return render_template(template, node=get_node(node_id), **context(node_id))
+
+
+@bp.get("/hardware/nodes/<node_id>/storage-roots")
+@login_required
+def node_roots(node_id: str):
+    """J1: the roots table with what the agent last observed; refreshes itself on the node page."""
+    return _refetched_panel(node_id, "partials/_node_roots.html", lambda node: {"roots": storage.for_node(node)})
+
+
+@bp.post("/hardware/nodes/<node_id>/storage-roots")
+@login_required
+def create_storage_root(node_id: str):
+    """J1: register a root; the form comes back empty and the roots and acquire panels refetch."""
+    node = get_node(node_id)
+    form = StorageRootForm()
+    status = 422
+    if form.validate_on_submit():
+        try:
+            root = storage.create(node_id, form.root_request())
+        except DomainError as error:
+            if error.code != "STORAGE_ROOT_EXISTS":
+                raise
+            form.name.errors.append(error.message)
+            status = 409
+        else:
+            notice = f"Storage root {root.name} registered; the agent checks it at its next heartbeat."
+            if not is_htmx_fragment_request():
+                return _back_to_node(node_id, notice)
+            fresh = StorageRootForm(formdata=None)
+            return _panel(
+                "partials/_storage_root_form.html", 201, ROOTS_CHANGED, node=node, root_form=fresh, notice=notice
+            )
+    if not is_htmx_fragment_request():
+        return _back_to_node(node_id, *_error_lines(form))
+    return _panel("partials/_storage_root_form.html", status, node=node, root_form=form)
+
+
+def _error_lines(form) -> list[str]:
+    """A refused form's errors as lines to flash, each naming its field (outside htmx)."""
+    return [f"{form[name].label.text}: {error}" for name, errors in form.errors.items() for error in errors]
+
+
+@bp.post("/hardware/nodes/<node_id>/storage-roots/<root_id>/delete")
+@login_required
+def delete_storage_root(node_id: str, root_id: str):
+    """J1: forget a root (its files stay); while a job uses it the 409 names why (the error handlers)."""
+    root = storage.get(_known_id(root_id, "STORAGE_ROOT_NOT_FOUND", "storage root"))
+    if root.node_id != node_id:
+        raise DomainError(
+            "STORAGE_ROOT_NOT_FOUND", f"Node {node_id} has no storage root {root_id}.", "Reload the node page."
+        )
+    name = root.name
+    storage.delete(root.id)
+    notice = f"Storage root {name} deleted; its files stay on the node."
+    if not is_htmx_fragment_request():
+        return _back_to_node(node_id, notice)
+    return _panel("partials/_notice.html", 200, ROOTS_CHANGED, notice=notice)
+
+
+@bp.get("/hardware/nodes/<node_id>/artifacts")
+@login_required
+def node_artifacts(node_id: str):
+    """J3: what the node holds, verified; refreshes itself on the node page."""
+    return _refetched_panel(
+        node_id, "partials/_node_artifacts.html", lambda node: {"artifacts": artifacts.for_node(node)}
+    )
+
+
+def _acquire_context(node_id: str) -> dict[str, object]:
+    roots = storage.for_node(node_id)
+    return {"roots": roots, "acquire_form": AcquireForm(roots, formdata=None)}
+
+
+@bp.get("/hardware/nodes/<node_id>/acquire")
+@login_required
+def acquire_form(node_id: str):
+    """The acquire form afresh, after the node's roots changed (its root list with them)."""
+    return _refetched_panel(node_id, "partials/_node_acquire.html", _acquire_context)
+
+
+@bp.post("/hardware/nodes/<node_id>/acquire")
+@login_required
+def acquire(node_id: str):
+    """J3, J4: queue an artifact.acquire.v1 job on this node, then show it (HX-Redirect for htmx)."""
+    node = get_node(node_id)
+    roots = storage.for_node(node_id)
+    form = AcquireForm(roots)
+    if not form.validate_on_submit():
+        if not is_htmx_fragment_request():
+            return _back_to_node(node_id, *_error_lines(form))
+        return _panel("partials/_node_acquire.html", 422, node=node, roots=roots, acquire_form=form)
+    job = queue.create(queue.ACQUIRE, node_id, form.params(), DEFAULT_MAX_ATTEMPTS)
+    target = url_for("console.job_page", job_id=job.id)
+    if not is_htmx_fragment_request():
+        return redirect(target, 303)
+    response = current_app.make_response(("", 201))
+    response.headers["HX-Redirect"] = target
+    return response
