@@ -59,11 +59,16 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
     return app
 
 
-_ID_ARGUMENTS = (("node_id", "NODE_NOT_FOUND", "node"), ("enrollment_id", "ENROLLMENT_NOT_FOUND", "enrolment"))
+_ID_ARGUMENTS = (
+    ("node_id", "NODE_NOT_FOUND", "node"),
+    ("enrollment_id", "ENROLLMENT_NOT_FOUND", "enrolment"),
+    ("job_id", "JOB_NOT_FOUND", "job"),
+    ("root_id", "STORAGE_ROOT_NOT_FOUND", "storage root"),
+)
 
 
 def _ids_are_uuids(endpoint: str | None, values: dict[str, str] | None) -> None:
-    """Node and enrolment ids are UUIDs (I1): any other id in a URL is not found, before any query.
+    """Node, enrolment, job and storage root ids are UUIDs: any other id in a URL is not found, before any query.
 
     PostgreSQL cannot even compare a NUL in text, so this once surfaced as a 500 (P5). The API
     answers the domain error as JSON, the console as a page.

@@ -193,6 +193,12 @@ def test_unknown_paths_and_methods_are_json(client):
         ("POST", "/api/v1/admin/nodes/%00/disable", 404),
         ("POST", "/api/v1/admin/nodes/x%00/credential/rotate", 404),
         ("POST", "/api/v1/admin/node-enrollments/%00/revoke", 404),
+        ("GET", "/api/v1/admin/jobs/%00", 404),
+        ("POST", "/api/v1/admin/jobs/x%00/cancel", 404),
+        ("POST", "/api/v1/agent/jobs/%00/progress", 404),
+        ("DELETE", "/api/v1/admin/storage-roots/%00", 404),
+        ("GET", "/api/v1/admin/nodes/%00/storage-roots", 404),
+        ("GET", "/api/v1/admin/jobs?before=%00", 400),
         ("GET", "/api/v1/admin/audit-events?node_id=%00", 400),
         ("GET", "/api/v1/admin/audit-events?action=a%00b", 400),
     ],
@@ -201,4 +207,10 @@ def test_nul_and_non_uuid_ids_are_clear_4xx_on_every_database(client, method, pa
     # PostgreSQL refuses NUL in text outright; this once surfaced as a 500 (P5).
     response = client.open(path, method=method, headers=ADMIN)
     assert response.status_code == status
-    assert response.get_json()["error"]["code"] in {"NODE_NOT_FOUND", "ENROLLMENT_NOT_FOUND", "VALIDATION_FAILED"}
+    assert response.get_json()["error"]["code"] in {
+        "NODE_NOT_FOUND",
+        "ENROLLMENT_NOT_FOUND",
+        "JOB_NOT_FOUND",
+        "STORAGE_ROOT_NOT_FOUND",
+        "VALIDATION_FAILED",
+    }
