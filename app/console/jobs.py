@@ -32,7 +32,8 @@ ROOTS_CHANGED = "storage-roots-changed"
 
 
 def _known_id(value: str, code: str, what: str) -> str:
-    """Job and root ids are UUIDs: anything else is not found before a query (PostgreSQL refuses NUL)."""
+    """An id from a query string is a UUID, or not found before a query (PostgreSQL refuses NUL);
+    ids in the URL path are checked app-wide (app/__init__.py)."""
     try:
         uuid.UUID(value)
     except ValueError:
@@ -240,7 +241,7 @@ def _job_context(job: Job, seen: Seen | None) -> dict[str, object]:
 def job_page(job_id: str):
     """J4: every fact of one job and a progress bar that polls every 2 s until the job ends."""
     begin_read_only()
-    context = _job_context(_job(job_id), _seen_from_request())
+    context = _job_context(queue.get(job_id), _seen_from_request())
     return page_or_partial("job.html", "partials/_job_live.html", active="jobs", **context)
 
 
@@ -261,14 +262,14 @@ def _after_job_action(job: Job):
 @login_required
 def cancel_job(job_id: str):
     """J2: a queued job is cancelled at once; a running one is told to stop at its next report."""
-    return _after_job_action(queue.cancel(_known_id(job_id, "JOB_NOT_FOUND", "job")))
+    return _after_job_action(queue.cancel(job_id))
 
 
 @bp.post("/jobs/<job_id>/retry")
 @login_required
 def retry_job(job_id: str):
     """J2: a failed or cancelled job goes back to the queue as a new attempt."""
-    return _after_job_action(queue.retry(_known_id(job_id, "JOB_NOT_FOUND", "job")))
+    return _after_job_action(queue.retry(job_id))
 
 
 # --------------------------------------------------------------------------- node page panels
@@ -349,7 +350,7 @@ def _error_lines(form) -> list[str]:
 @login_required
 def delete_storage_root(node_id: str, root_id: str):
     """J1: forget a root (its files stay); while a job uses it the 409 names why (the error handlers)."""
-    root = storage.get(_known_id(root_id, "STORAGE_ROOT_NOT_FOUND", "storage root"))
+    root = storage.get(root_id)
     if root.node_id != node_id:
         raise DomainError(
             "STORAGE_ROOT_NOT_FOUND", f"Node {node_id} has no storage root {root_id}.", "Reload the node page."
