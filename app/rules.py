@@ -56,6 +56,45 @@ def label_problem(key: object, value: object) -> str | None:
     return None
 
 
+# What nodes do (J1, J3): storage root names and paths, Hub repository ids, revisions, patterns.
+ROOT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+MAX_PATH_LENGTH = 1000
+REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_REPO_ID_LENGTH = 96
+# A branch, a tag, `refs/pr/N` or a 40-hex commit.
+REVISION_PATTERN = r"^[A-Za-z0-9._/-]+$"
+MAX_REVISION_LENGTH = 200
+MAX_PATTERNS = 64
+MAX_PATTERN_LENGTH = 200
+# Larger whole numbers lose precision in JSON parsers that read every number as a double.
+MAX_BYTES = 2**62
+
+
+def _absolute_path_pattern() -> str:
+    """An absolute POSIX directory path: printable segments, none empty, `.` or `..`."""
+    char = rf"[^/{FORBIDDEN_CHARACTERS}]"
+    first = rf"[^/.{FORBIDDEN_CHARACTERS}]"
+    segment = rf"(\.\.{char}+|\.{first}{char}*|{first}{char}*)"
+    return rf"^(/{segment})+/?$"
+
+
+ABSOLUTE_PATH_PATTERN = _absolute_path_pattern()
+_ABSOLUTE_PATH = re.compile(ABSOLUTE_PATH_PATTERN[1:-1])
+
+
+def absolute_path_problem(path: str) -> str | None:
+    """J1: why a root path is refused (the pattern above decides; the message says why), or None."""
+    if len(path) <= MAX_PATH_LENGTH and _ABSOLUTE_PATH.fullmatch(path) and is_text(path):
+        return None
+    if len(path) > MAX_PATH_LENGTH:
+        return f"Use at most {MAX_PATH_LENGTH} characters."
+    if not is_text(path):
+        return "Use printable characters only."
+    if not path.startswith("/"):
+        return "Write an absolute path, starting with /."
+    return "Write the path without empty, . or .. parts (no // and no going up)."
+
+
 # An image reference as Docker reads one: [registry[:port]/]path[:tag][@sha256:digest].
 _IMAGE_NAME = (
     r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?/)?"

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 from pydantic import TypeAdapter, ValidationError
 
+from app import rules
 from app.api import bodies
 from app.console import forms
 from app.console.formatting import eta, human_rate, short_commit
@@ -593,18 +594,18 @@ def _api_accepts(field: str, value: str) -> bool:
 
 def _console_accepts(field: str, value: str) -> bool:
     if field == "path":
-        return forms.absolute_path_problem(value) is None
+        return rules.absolute_path_problem(value) is None
     pattern, limit = {
-        "repo_id": (forms.REPO_ID_PATTERN, forms.MAX_REPO_ID_LENGTH),
-        "revision": (forms.REVISION_PATTERN, forms.MAX_REVISION_LENGTH),
-        "name": (forms.ROOT_NAME_PATTERN, 63),
+        "repo_id": (rules.REPO_ID_PATTERN, rules.MAX_REPO_ID_LENGTH),
+        "revision": (rules.REVISION_PATTERN, rules.MAX_REVISION_LENGTH),
+        "name": (rules.ROOT_NAME_PATTERN, 63),
     }[field]
     return bool(value) and len(value) <= limit and re.fullmatch(pattern, value) is not None
 
 
 @pytest.mark.parametrize(("field", "value"), [(field, value) for field, values in SAMPLES.items() for value in values])
 def test_the_console_refuses_exactly_what_the_api_refuses(field, value):
-    """The rules the console repeats (app/api/bodies.py is out of its reach) agree with the API's."""
+    """One rule (app/rules.py), two engines: the console's Python `re` and the API's pydantic (Rust) agree."""
     assert _console_accepts(field, value) == _api_accepts(field, value)
 
 

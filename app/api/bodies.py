@@ -29,14 +29,13 @@ from pydantic import (
 from app import rules
 from app.api.validation import invalid
 from app.enrollment import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
+from app.jobs import queue
 from app.models.telemetry import METRICS
 from app.timeutil import parse_rfc3339, utcnow
 
 MAX_GPUS = 64
 MAX_CLOCK_AHEAD = timedelta(minutes=10)
 EARLIEST_SAMPLE = datetime(2020, 1, 1, tzinfo=UTC)
-# Larger whole numbers lose precision in JSON parsers that read every number as a double.
-MAX_BYTES = 2**62
 
 
 def _spaces_trimmed(value: str) -> str:
@@ -140,7 +139,7 @@ def _number(minimum: float, maximum: float) -> Any:
     return Annotated[float | None, Field(ge=minimum, le=maximum)]
 
 
-Bytes = whole(0, MAX_BYTES)
+Bytes = whole(0, rules.MAX_BYTES)
 
 
 class Body(BaseModel):
@@ -303,16 +302,10 @@ class HeartbeatRequest(Versions):
     storage_roots: Annotated[list[RootObservation], Field(max_length=MAX_GPUS)] = []
 
 
-def _path_pattern() -> str:
-    """An absolute POSIX directory path: printable segments, none of them `.` or `..` (J1)."""
-    forbidden = rules.FORBIDDEN_CHARACTERS
-    char = rf"[^/{forbidden}]"
-    segment = rf"(\.\.{char}+|\.[^/.{forbidden}]{char}*|[^/.{forbidden}]{char}*)"
-    return rf"^(/{segment})+/?$"
-
-
 AbsolutePath = Annotated[
-    str, StringConstraints(max_length=1000, pattern=_path_pattern()), AfterValidator(lambda path: path.rstrip("/"))
+    str,
+    StringConstraints(max_length=rules.MAX_PATH_LENGTH, pattern=rules.ABSOLUTE_PATH_PATTERN),
+    AfterValidator(lambda path: path.rstrip("/")),
 ]
 
 
@@ -321,18 +314,17 @@ class StorageRootCreate(Body):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
+    name: Annotated[str, StringConstraints(pattern=rules.ROOT_NAME_PATTERN)]
     host_path: AbsolutePath
     container_path: AbsolutePath
     min_free_bytes: Bytes
 
 
-# Hugging Face repository ids and revisions (branch, tag, `refs/pr/N` or a 40-hex commit).
-RepoId = Annotated[
-    str, StringConstraints(max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+RepoId = Annotated[str, StringConstraints(max_length=rules.MAX_REPO_ID_LENGTH, pattern=rules.REPO_ID_PATTERN)]
+Revision = Annotated[
+    str, StringConstraints(min_length=1, max_length=rules.MAX_REVISION_LENGTH, pattern=rules.REVISION_PATTERN)
 ]
-Revision = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._/-]+$")]
-Patterns = Annotated[list[text(200)] | None, Field(max_length=64)]
+Patterns = Annotated[list[text(rules.MAX_PATTERN_LENGTH)] | None, Field(max_length=rules.MAX_PATTERNS)]
 
 
 class AcquireParams(Body):
@@ -356,7 +348,7 @@ class JobCreate(Body):
     type: Literal["artifact.acquire.v1"]
     node_id: Uuid
     params: AcquireParams
-    max_attempts: whole(1, 10) = 3
+    max_attempts: whole(1, queue.MAX_ATTEMPTS) = queue.DEFAULT_MAX_ATTEMPTS
 
 
 class ClaimRequest(Versions):

@@ -131,20 +131,6 @@ class EnrollForm(FlaskForm):
             raise ValidationError(str(error)) from None
 
 
-# J1, J3: the API's rules for a storage root and an acquire job. They are stated only in
-# app/api/bodies.py (StorageRootCreate, AcquireParams), which the console may not import, so they
-# stand here once more under these names until they move to app/rules.py;
-# tests/test_console_jobs.py feeds both the same inputs so the two cannot drift apart.
-ROOT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
-MAX_PATH_LENGTH = 1000
-REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
-MAX_REPO_ID_LENGTH = 96
-REVISION_PATTERN = r"^[A-Za-z0-9._/-]+$"
-MAX_REVISION_LENGTH = 200
-MAX_PATTERNS = 64
-MAX_PATTERN_LENGTH = 200
-MAX_BYTES = 2**62
-
 # Free space is thought of in GiB (a model is gigabytes); MiB is there for small test roots.
 SIZE_UNITS = {"GiB": 2**30, "MiB": 2**20}
 REPO_TYPE_CHOICES = [SelectChoice("model", "model"), SelectChoice("dataset", "dataset")]
@@ -166,25 +152,11 @@ class Matches:
             raise ValidationError(self.message)
 
 
-def absolute_path_problem(path: str) -> str | None:
-    """J1: why a root path is refused, or None: absolute, printable, no empty, `.` or `..` part."""
-    if len(path) > MAX_PATH_LENGTH:
-        return f"Use at most {MAX_PATH_LENGTH} characters."
-    if not rules.is_text(path):
-        return "Use printable characters only."
-    if not path.startswith("/"):
-        return "Write an absolute path, starting with /."
-    parts = path[1:].removesuffix("/").split("/")
-    if any(part in ("", ".", "..") for part in parts):
-        return "Write the path without empty, . or .. parts (no // and no going up)."
-    return None
-
-
 class AbsolutePath:
-    """A field validator for `absolute_path_problem`."""
+    """A field validator for the API's path rule (`rules.absolute_path_problem`)."""
 
     def __call__(self, form, field) -> None:
-        if field.data and (problem := absolute_path_problem(field.data)):
+        if field.data and (problem := rules.absolute_path_problem(field.data)):
             raise ValidationError(problem)
 
 
@@ -196,7 +168,7 @@ class StorageRootForm(FlaskForm):
         filters=[_stripped],
         validators=[
             DataRequired(message="Name the root, e.g. models."),
-            Matches(ROOT_NAME_PATTERN, "Up to 63 letters, digits, . _ - starting with a letter or digit."),
+            Matches(rules.ROOT_NAME_PATTERN, "Up to 63 letters, digits, . _ - starting with a letter or digit."),
         ],
     )
     host_path = StringField(
@@ -223,7 +195,7 @@ class StorageRootForm(FlaskForm):
             return
         if not field.data.is_finite() or field.data < 0:
             raise ValidationError("Write a size of 0 or more.")
-        if self.min_free_bytes() > MAX_BYTES:
+        if self.min_free_bytes() > rules.MAX_BYTES:
             raise ValidationError("That is more space than any disk holds.")
 
     def min_free_bytes(self) -> int:
@@ -247,11 +219,11 @@ def parse_patterns(text: str) -> list[str] | None:
         line = line.strip()
         if not line:
             continue
-        if len(line) > MAX_PATTERN_LENGTH or not rules.is_text(line):
-            raise ValueError(f"line {number}: a pattern is up to {MAX_PATTERN_LENGTH} printable characters")
+        if len(line) > rules.MAX_PATTERN_LENGTH or not rules.is_text(line):
+            raise ValueError(f"line {number}: a pattern is up to {rules.MAX_PATTERN_LENGTH} printable characters")
         patterns.append(line)
-    if len(patterns) > MAX_PATTERNS:
-        raise ValueError(f"at most {MAX_PATTERNS} patterns")
+    if len(patterns) > rules.MAX_PATTERNS:
+        raise ValueError(f"at most {rules.MAX_PATTERNS} patterns")
     return patterns or None
 
 
@@ -273,8 +245,8 @@ class AcquireForm(FlaskForm):
         filters=[_stripped],
         validators=[
             DataRequired(message="Name the repository as owner/name."),
-            Length(max=MAX_REPO_ID_LENGTH),
-            Matches(REPO_ID_PATTERN, "Write the repository as owner/name (letters, digits, . _ -)."),
+            Length(max=rules.MAX_REPO_ID_LENGTH),
+            Matches(rules.REPO_ID_PATTERN, "Write the repository as owner/name (letters, digits, . _ -)."),
         ],
     )
     revision = StringField(
@@ -283,8 +255,8 @@ class AcquireForm(FlaskForm):
         filters=[_stripped],
         validators=[
             DataRequired(message="Name a branch, tag or commit (main by default)."),
-            Length(max=MAX_REVISION_LENGTH),
-            Matches(REVISION_PATTERN, "A branch, tag or commit: letters, digits, . _ / -."),
+            Length(max=rules.MAX_REVISION_LENGTH),
+            Matches(rules.REVISION_PATTERN, "A branch, tag or commit: letters, digits, . _ / -."),
         ],
     )
     repo_type = SelectField("Type", choices=REPO_TYPE_CHOICES, default="model")

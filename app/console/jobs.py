@@ -24,8 +24,6 @@ from app.nodes import get as get_node
 from app.timeutil import isoformat, parse_rfc3339
 
 LIVE_STATES = (JobState.QUEUED, JobState.RUNNING)
-# J2: the API's default number of attempts for a job (JobCreate.max_attempts).
-DEFAULT_MAX_ATTEMPTS = 3
 # What a registered or deleted root tells the node page: the roots table and the acquire form
 # refetch. A delete's own outcome lands outside both (#storage-notice), so no refetch wipes it.
 ROOTS_CHANGED = "storage-roots-changed"
@@ -395,7 +393,7 @@ def acquire(node_id: str):
         if not is_htmx_fragment_request():
             return _back_to_node(node_id, *_error_lines(form))
         return _panel("partials/_node_acquire.html", 422, node=node, roots=roots, acquire_form=form)
-    job = queue.create(queue.ACQUIRE, node_id, form.params(), DEFAULT_MAX_ATTEMPTS)
+    job = queue.create(queue.ACQUIRE, node_id, form.params())
     target = url_for("console.job_page", job_id=job.id)
     if not is_htmx_fragment_request():
         return redirect(target, 303)

@@ -29,6 +29,8 @@ TYPES = (ACQUIRE,)
 # Error codes that are worth another attempt (J2); everything else fails at once.
 RETRY_BACKOFF_SECONDS = (0, 5, 30, 120)
 PAGE_SIZE = 50
+DEFAULT_MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = 10
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ def get(job_id: str) -> Job:
     return job
 
 
-def create(job_type: str, node_id: str, params: dict[str, object], max_attempts: int) -> Job:
+def create(job_type: str, node_id: str, params: dict[str, object], max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Job:
     """Queue a job for a node (J2); an acquire job names a root of that very node (J1)."""
     get_node(node_id)
     root_id = None
