@@ -139,3 +139,31 @@ def tls_server(sqlite_template, tmp_path):
     running.start()
     yield running
     running.stop()
+
+
+@pytest.fixture
+def jobs_server(sqlite_template, tmp_path):
+    """The control plane for job tests: SQLite, one-second heartbeats and sweeps, a short lease (J2)."""
+    path = tmp_path / "jobs.sqlite3"
+    shutil.copyfile(sqlite_template, path)
+    running = support.GunicornServer(
+        f"sqlite:///{path}",
+        tmp_path,
+        workers=2,
+        MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1",
+        MODELFORGE_SWEEP_INTERVAL_SECONDS="1",
+        MODELFORGE_JOB_LEASE_SECONDS=str(support.JOB_LEASE_SECONDS),
+    )
+    running.start()
+    yield running
+    running.stop()
+    print(running.log()[-20000:])  # shown only when the test fails
+
+
+@pytest.fixture
+def hub():
+    """The stand-in Hugging Face Hub on loopback (tests/hub_standin.py)."""
+    from tests.hub_standin import StandinHub
+
+    with StandinHub() as running:
+        yield running

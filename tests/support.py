@@ -25,6 +25,10 @@ ADMIN = {"X-ModelForge-Admin-Token": OPERATOR_KEY}
 SECRET_PATTERN = re.compile(r"mf[en]_[A-Za-z0-9_-]{20,}")
 
 
+# Job tests' lease: progress every second (a third of it), a lapse seen within seconds (J2).
+JOB_LEASE_SECONDS = 3
+
+
 def app_env(database_url: str, instance_path: Path, **overrides: str) -> dict[str, str]:
     """The MODELFORGE_* variables a test control plane runs with."""
     return {

@@ -6,7 +6,6 @@ The Hub is tests/hub_standin.py on loopback; everything else is what runs in pro
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -17,43 +16,19 @@ import sqlalchemy as sa
 
 from tests.agent_support import AgentProcess, mint_token
 from tests.hub_standin import Generated, StandinHub
-from tests.support import ADMIN, GunicornServer, assert_no_secrets
+from tests.support import ADMIN, JOB_LEASE_SECONDS, GunicornServer, assert_no_secrets
 
 pytestmark = pytest.mark.e2e
 
 ACQUIRE = "artifact.acquire.v1"
 HF_TOKEN = "hf_" + "T0kenForTheStandInHubOnly" * 2
-LEASE_SECONDS = 4
+LEASE_SECONDS = JOB_LEASE_SECONDS
 FILES = {
     "config.json": b'{"architectures": ["LlamaForCausalLM"]}\n',
     "README.md": b"# tiny\n",
     "tokenizer/vocab.txt": b"a\nb\nc\n",
     "model.gguf": Generated(6 * 2**20, seed=7),
 }
-
-
-@pytest.fixture
-def jobs_server(sqlite_template, tmp_path):
-    """The control plane with short leases and sweeps, so lapses show within seconds."""
-    path = tmp_path / "jobs.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    running = GunicornServer(
-        f"sqlite:///{path}",
-        tmp_path,
-        workers=2,
-        MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1",
-        MODELFORGE_SWEEP_INTERVAL_SECONDS="1",
-        MODELFORGE_JOB_LEASE_SECONDS=str(LEASE_SECONDS),
-    )
-    running.start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def hub():
-    with StandinHub() as running:
-        yield running
 
 
 def start_agent(tmp_path: Path, server: GunicornServer, hub: StandinHub, **env: str) -> AgentProcess:

@@ -10,7 +10,6 @@ step is a screenshot under test-artifacts/console/<test name>/.
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from pathlib import Path
 
@@ -19,42 +18,16 @@ import requests
 
 from tests.agent_support import AgentProcess, mint_token
 from tests.hub_standin import Generated, StandinHub
-from tests.support import ADMIN, GunicornServer, assert_no_secrets
+from tests.support import ADMIN, assert_no_secrets
 from tests.test_console_browser import browser_context, chromium, expect, page, sign_in
 
 # The browser fixtures are tests/test_console_browser.py's (Chromium, the console-error check,
 # screenshots); naming them here is what lets pytest find them for this module.
 BROWSER_FIXTURES = (chromium, browser_context, page)
 
-LEASE_SECONDS = 3  # progress every second (J2: a third of the lease), so the bar moves often
+
 HOST_PATH = "/mnt/cache/appdata/modelforge/model-registry"
 CHUNK = 256 * 1024
-
-
-@pytest.fixture
-def jobs_server(sqlite_template, tmp_path):
-    """The control plane with one-second heartbeats and sweeps and a short job lease."""
-    path = tmp_path / "console-jobs.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    running = GunicornServer(
-        f"sqlite:///{path}",
-        tmp_path,
-        workers=2,
-        MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1",
-        MODELFORGE_SWEEP_INTERVAL_SECONDS="1",
-        MODELFORGE_JOB_LEASE_SECONDS=str(LEASE_SECONDS),
-    )
-    running.start()
-    yield running
-    running.stop()
-    print(running.log()[-20000:])  # shown only when the test fails
-
-
-@pytest.fixture
-def hub():
-    """The stand-in Hugging Face Hub on loopback."""
-    with StandinHub() as running:
-        yield running
 
 
 @pytest.fixture
