@@ -157,3 +157,62 @@ def test_one_node_id_racing_with_two_tokens_gets_one_credential(server):
         server.url + "/api/v1/admin/node-enrollments?state=pending", headers=ADMIN, timeout=10
     ).json()["enrollments"]
     assert len(pending) == len(tokens) - 1  # I4: the refused claims did not spend their tokens
+
+
+def node_with_queued_jobs(server, jobs: int) -> tuple[str, dict[str, str]]:
+    """An enrolled, online node that advertises artifact.acquire.v1, with `jobs` acquire jobs queued."""
+    minted = mint(server)
+    enrolled = requests.post(
+        server.url + "/api/v1/agent/enroll", json=factories.enroll_body(minted["token"], origin=server.url), timeout=10
+    ).json()
+    auth = factories.bearer(enrolled["credential"])
+    node_id = enrolled["node_id"]
+    inventory = {**factories.inventory_body(), "capabilities": ["artifact.acquire.v1"]}
+    assert requests.post(server.url + "/api/v1/agent/inventory", json=inventory, headers=auth, timeout=10).ok
+    assert requests.post(server.url + "/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=auth).ok
+    root = requests.post(
+        f"{server.url}/api/v1/admin/nodes/{node_id}/storage-roots",
+        json={"name": "models", "host_path": "/mnt/m", "container_path": "/data/artifacts/m", "min_free_bytes": 0},
+        headers=ADMIN,
+        timeout=10,
+    ).json()
+    for index in range(jobs):
+        params = {"repo_id": f"org/m{index}", "storage_root_id": root["id"]}
+        body = {"type": "artifact.acquire.v1", "node_id": node_id, "params": params}
+        assert requests.post(server.url + "/api/v1/admin/jobs", json=body, headers=ADMIN, timeout=10).status_code == 201
+    return node_id, auth
+
+
+@pytest.mark.slow
+def test_concurrent_claims_by_one_node_yield_one_running_job_and_one_attempt(server, database_url):
+    """J2: twenty claims at once through gunicorn's workers, round after round: one job runs, attempt 1."""
+    nodes = []
+    for _ in range(ROUNDS):
+        node_id, auth = node_with_queued_jobs(server, jobs=3)
+        nodes.append(node_id)
+        barrier = threading.Barrier(CLAIMERS)
+
+        def claim(_, barrier=barrier, auth=auth):
+            session = requests.Session()
+            barrier.wait()
+            return session.post(
+                server.url + "/api/v1/agent/jobs/claim",
+                json={**factories.versions(), "capabilities": ["artifact.acquire.v1"]},
+                headers=auth,
+                timeout=60,
+            )
+
+        with ThreadPoolExecutor(max_workers=CLAIMERS) as pool:
+            responses = list(pool.map(claim, range(CLAIMERS)))
+        statuses = Counter(response.status_code for response in responses)
+        assert set(statuses) <= {200, 204}, statuses  # never a 5xx or a constraint error
+        handed = {(r.json()["job"]["id"], r.json()["job"]["attempt"]) for r in responses if r.status_code == 200}
+        assert len(handed) == 1 and next(iter(handed))[1] == 1, handed
+    engine = sa.create_engine(database_url)
+    with engine.connect() as connection:
+        states = Counter(connection.execute(sa.text("SELECT state FROM jobs")).scalars())
+        attempts = Counter(connection.execute(sa.text("SELECT attempt FROM jobs")).scalars())
+        started = connection.execute(sa.text("SELECT COUNT(*) FROM audit_events WHERE action = 'job.started'")).scalar()
+    engine.dispose()
+    assert states == {"running": ROUNDS, "queued": 2 * ROUNDS} and started == ROUNDS
+    assert attempts == {1: ROUNDS, 0: 2 * ROUNDS}
