@@ -353,6 +353,10 @@ class _ConnectionDropped(Exception):
 class _Handler(BaseHTTPRequestHandler):
     """Routes one request to the hub; HTTP/1.1 with Content-Length everywhere, so keep-alive works."""
 
+    # Headers and body go out in two writes; with Nagle on, the body waits for the client's delayed
+    # ACK, about 40 ms per response (bench/acquire.py found it), which would swamp small files.
+    disable_nagle_algorithm = True
+
     protocol_version = "HTTP/1.1"
     server_version = "StandinHub/1"
     timeout = 60

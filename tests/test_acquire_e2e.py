@@ -31,6 +31,20 @@ FILES = {
 }
 
 
+_started: list[AgentProcess] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_outlives_its_test():
+    """A failing test stops mid-body: its agents are stopped here all the same."""
+    yield
+    while _started:
+        agent = _started.pop()
+        if agent.process and agent.process.poll() is None:
+            agent.process.kill()
+            agent.process.wait()
+
+
 def start_agent(tmp_path: Path, server: GunicornServer, hub: StandinHub, **env: str) -> AgentProcess:
     """A cpu-mode agent that advertises artifact.acquire.v1 and talks to the stand-in Hub."""
     agent = AgentProcess(
@@ -43,6 +57,7 @@ def start_agent(tmp_path: Path, server: GunicornServer, hub: StandinHub, **env: 
         **env,
     )
     agent.start()
+    _started.append(agent)
     agent.wait_for(r"enrolled|starting with its stored credential")
     return agent
 
