@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from flask import request
 
 from app import audit
@@ -12,12 +14,13 @@ from app.api.validation import invalid
 
 def _int_arg(name: str, default: int | None, minimum: int, maximum: int) -> int | None:
     raw = request.args.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise invalid(name, "must be a whole number") from None
+    # As the document says: an integer, written in ASCII digits (int() would also take " 5", "+5",
+    # "٥" and "1_000"); an empty value is not a number either.
+    if re.fullmatch(r"-?[0-9]+", raw) is None:
+        raise invalid(name, "must be a whole number")
+    value = int(raw)
     if not minimum <= value <= maximum:
         raise invalid(name, f"must be between {minimum} and {maximum}")
     return value
