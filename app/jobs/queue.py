@@ -264,6 +264,14 @@ def _fenced(report: Report) -> sa.Update:
     )
 
 
+def _running(report: Report) -> Job:
+    """The job this report is about, if the reporting node still runs it at this attempt (J2 fence)."""
+    job = db.session.get(Job, report.job_id)
+    if job is None or job.node_id != report.node_id or job.attempt != report.attempt or job.state != JobState.RUNNING:
+        raise _lease_lost(report)
+    return job
+
+
 def _lease_lost(report: Report) -> DomainError:
     return DomainError(
         "JOB_LEASE_LOST",
@@ -290,9 +298,7 @@ def progress(report: Report, done: dict[str, object], settings: Settings) -> dic
 
 def complete(report: Report, result: dict[str, object]) -> Job:
     """The attempt succeeded: record the artifact it left and finish the job (J3)."""
-    job = db.session.get(Job, report.job_id)
-    if job is None or job.node_id != report.node_id or job.attempt != report.attempt or job.state != JobState.RUNNING:
-        raise _lease_lost(report)
+    job = _running(report)
     stored = dict(result)
     if job.type == ACQUIRE:
         artifact = artifacts.record(job, result)
@@ -313,9 +319,7 @@ def complete(report: Report, result: dict[str, object]) -> Job:
 
 def fail(report: Report, code: str, message: str, retryable: bool) -> Job:
     """The attempt failed: retry with backoff while attempts remain and the class allows it, else fail."""
-    job = db.session.get(Job, report.job_id)
-    if job is None or job.node_id != report.node_id or job.attempt != report.attempt or job.state != JobState.RUNNING:
-        raise _lease_lost(report)
+    job = _running(report)
     actor = audit.agent_actor(report.node_id)
     error = _error(code, message)
     if code == "JOB_CANCELLED" or job.cancel_requested:
