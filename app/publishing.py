@@ -253,10 +253,10 @@ def record_inventory(
     if added or removed:
         audit.record(audit.agent_actor(node_id), "node.gpus_changed", node_id, added=added, removed=removed)
 
-    db.session.connection().execute(_NOTE_VERSIONS, {"lease_node_id": node_id, **versions.columns(now)})
-    # J2: what it can run, read by every heartbeat for `jobs_waiting`.
-    db.session.execute(
-        sa.update(NodeLease).where(NodeLease.node_id == node_id).values(capabilities=sorted(set(capabilities)))
+    # J2: what it can run, read by every heartbeat for `jobs_waiting`; one UPDATE with the versions.
+    db.session.connection().execute(
+        _NOTE_VERSIONS.values(capabilities=sorted(set(capabilities))),
+        {"lease_node_id": node_id, **versions.columns(now)},
     )
     db.session.commit()
     return {"gpus": len(reported), "gpus_added": len(added), "gpus_removed": len(removed)}

@@ -130,17 +130,7 @@ def heartbeat():
     """Record liveness, health and telemetry; the reply carries the next interval (A2, L2)."""
     versions, answer, body, publisher = agent_request(bodies.HeartbeatRequest)
     samples = [sample.__dict__ for sample in body.telemetry]  # sampled_at is already a datetime
-    observations = [
-        storage.Observation(
-            root_id=seen.id,
-            exists=seen.exists,
-            writable=seen.writable,
-            free_bytes=seen.free_bytes,
-            total_bytes=seen.total_bytes,
-            observed_at=seen.observed_at,
-        )
-        for seen in body.storage_roots
-    ]
+    observations = [storage.Observation(**seen.__dict__) for seen in body.storage_roots]
     beat = publishing.record_heartbeat(
         publisher, versions, body.health.status, body.health.detail, samples, observations, body.storage_roots_etag
     )

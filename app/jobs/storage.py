@@ -28,9 +28,9 @@ class RootRequest:
 
 @dataclass(frozen=True)
 class Observation:
-    """What the agent saw of one root."""
+    """What the agent saw of one root (the heartbeat's `storage_roots` items, field for field)."""
 
-    root_id: str
+    id: str
     exists: bool
     writable: bool
     free_bytes: int | None
@@ -131,7 +131,7 @@ def record_observations(node_id: str, observations: list[Observation]) -> None:
     for seen in observations:
         db.session.execute(
             sa.update(StorageRoot)
-            .where(StorageRoot.id == seen.root_id, StorageRoot.node_id == node_id)
+            .where(StorageRoot.id == seen.id, StorageRoot.node_id == node_id)
             .values(
                 observed_exists=seen.exists,
                 observed_writable=seen.writable,
