@@ -9,7 +9,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from app import audit, tokens
-from app.db import insert_ignoring_duplicates
+from app.db import begin_read_only, insert_ignoring_duplicates
 from app.errors import DomainError
 from app.extensions import db
 from app.jobs import queue, storage
@@ -195,7 +195,6 @@ def record_heartbeat(
         connection.execute(_INSERT_SAMPLES[connection.dialect.name], rows)
     if observations:
         storage.record_observations(publisher.node_id, observations)
-    waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities) if lease.capabilities else 0
     # J1: the root list travels only when the agent's copy is out of date; version 0 means the
     # node never had one, which needs no query.
     etag = str(lease.storage_roots_version)
@@ -203,6 +202,12 @@ def record_heartbeat(
     if roots_etag != etag:
         roots = storage.agent_view(publisher.node_id) if lease.storage_roots_version else []
     db.session.commit()
+    waiting = 0
+    if lease.capabilities:
+        # J2: asked after the commit, as a reader: on SQLite the writers' lock is already free, so
+        # this count never makes another node's heartbeat wait.
+        begin_read_only()
+        waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities)
     return BeatReply(jobs_waiting=waiting, storage_roots_etag=etag, storage_roots=roots)
 
 

@@ -164,21 +164,27 @@ _NEXT_STEPS = {
 }
 
 
+# Asked on every heartbeat of an agent that can run jobs: a prebuilt Core statement (no per-call
+# query construction), one probe of ix_jobs_node_state.
+_jobs = Job.__table__
+_JOBS_WAITING = (
+    sa.select(sa.func.count())
+    .select_from(_jobs)
+    .where(
+        _jobs.c.node_id == sa.bindparam("node_id"),
+        _jobs.c.state == JobState.QUEUED.value,
+        _jobs.c.type.in_(sa.bindparam("types", expanding=True)),
+        sa.or_(_jobs.c.not_before.is_(None), _jobs.c.not_before <= sa.bindparam("now", type_=Job.not_before.type)),
+    )
+)
+
+
 def jobs_waiting(node_id: str, capabilities: list[str]) -> int:
     """Queued jobs for this node of an advertised type (the heartbeat reply carries it)."""
     if not capabilities:
         return 0
-    now = utcnow()
-    return db.session.scalar(
-        sa.select(sa.func.count())
-        .select_from(Job)
-        .where(
-            Job.node_id == node_id,
-            Job.state == JobState.QUEUED,
-            Job.type.in_(capabilities),
-            sa.or_(Job.not_before.is_(None), Job.not_before <= now),
-        )
-    )
+    parameters = {"node_id": node_id, "types": list(capabilities), "now": utcnow()}
+    return db.session.connection().execute(_JOBS_WAITING, parameters).scalar_one()
 
 
 def _agent_view(job: Job) -> dict[str, object]:
