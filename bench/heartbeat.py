@@ -1,9 +1,10 @@
 """Heartbeat throughput against the same server's /healthz, measured in the same run.
 
 Starts the real control plane under gunicorn on a fresh database, enrols NODES nodes through
-the API, then drives `wrk` (Debian package) at CONNECTIONS connections: first GET /healthz,
-then POST /api/v1/agent/heartbeat with one GPU sample, each request from a random enrolled
-node. Prints requests/s, p50/p99 latency and the heartbeat:healthz ratio.
+the API (each advertising artifact.acquire.v1 in an inventory, as a real agent does), then
+drives `wrk` (Debian package) at CONNECTIONS connections: first GET /healthz, then POST
+/api/v1/agent/heartbeat with one GPU sample, each request from a random enrolled node. Prints
+requests/s, p50/p99 latency and the heartbeat:healthz ratio.
 
     .venv/bin/python bench/heartbeat.py [--nodes 500] [--connections 32] [--seconds 10]
                                         [--workers 4] [--database-url postgresql+psycopg://…]
@@ -72,7 +73,22 @@ def enrol(server: GunicornServer, index: int) -> tuple[str, str]:
         timeout=30,
     )
     claimed.raise_for_status()
-    return node_id, claimed.json()["credential"]
+    credential = claimed.json()["credential"]
+    # As a real agent: an inventory that advertises the job type it can run, so every heartbeat
+    # also answers `jobs_waiting` (J2), as it does in production.
+    inventory = session.post(
+        server.url + "/api/v1/agent/inventory",
+        json={
+            "protocol_version": 1,
+            "agent_version": "bench",
+            "inventory": {"hostname": f"bench-{index}", "gpus": [{"uuid": f"GPU-{node_id}"}]},
+            "capabilities": ["artifact.acquire.v1"],
+        },
+        headers={"Authorization": f"Bearer {credential}"},
+        timeout=30,
+    )
+    inventory.raise_for_status()
+    return node_id, credential
 
 
 def heartbeat_body(node_id: str) -> str:
@@ -82,6 +98,7 @@ def heartbeat_body(node_id: str) -> str:
             "protocol_version": 1,
             "agent_version": "bench",
             "health": {"status": "ok", "detail": "bench"},
+            "storage_roots_etag": "0",  # the agent's copy of its (empty) root list is current
             "telemetry": [
                 {
                     "gpu_uuid": f"GPU-{node_id}",
