@@ -827,13 +827,17 @@ def writable_dir(path: str) -> bool:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return False
-    os.close(fd)
-    os.unlink(name)
+    try:
+        os.close(fd)
+        os.unlink(name)
+    except OSError:  # a root we cannot clean up after is not one to write to; never let this escape
+        return False
     return True
 
 
-def observe_root(root: StorageRoot, artifact_dir: Path) -> dict[str, object]:
-    """What the agent sees of one root now (J1); a root outside the artifact directory is never probed."""
+def observe_root(root: StorageRoot, artifact_dir: Path, writable: bool | None = None) -> dict[str, object]:
+    """What the agent sees of one root now (J1); a root outside the artifact directory is never probed.
+    `writable`, when given, is a recent probe's answer and no probe file is written."""
     facts: dict[str, object] = {
         "id": root.id,
         "exists": False,
@@ -846,7 +850,7 @@ def observe_root(root: StorageRoot, artifact_dir: Path) -> dict[str, object]:
         return facts
     real = os.path.realpath(root.container_path)
     facts["exists"] = True
-    facts["writable"] = writable_dir(real)
+    facts["writable"] = writable_dir(real) if writable is None else writable
     try:
         stats = os.statvfs(real)
     except OSError:
@@ -875,6 +879,9 @@ class StorageRoots:
         self.roots: list[StorageRoot] = []
         self.reported: dict[str, dict[str, object]] | None = None
         self.reported_at = 0.0
+        # root id -> (writable, when probed): the write probe runs at most once a minute per root,
+        # whether or not the heartbeat carrying it arrived; the cheap checks run on every beat.
+        self.probes: dict[str, tuple[bool, float]] = {}
 
     def take_reply(self, reply: dict[str, object]) -> None:
         """Keep the root list a heartbeat reply carries (sent only when our etag was out of date)."""
@@ -892,13 +899,14 @@ class StorageRoots:
         log.info("storage roots: %s", ", ".join(f"{r.name} at {r.container_path}" for r in kept) or "none")
         self.etag, self.roots = etag, kept
         self.reported = None  # a new list: observations go out with the next heartbeat
+        self.probes = {}  # and each root is probed afresh (its path may have changed)
 
     def heartbeat_fields(self, now: float) -> dict[str, object]:
         """The etag we hold, and fresh observations when they are due (changed, or a minute old)."""
         if self.etag is None:
             return {}
         fields_: dict[str, object] = {"storage_roots_etag": self.etag}
-        observed = {root.id: observe_root(root, self.artifact_dir) for root in self.roots}
+        observed = {root.id: self.observe(root, now) for root in self.roots}
         due = (
             self.reported is None
             or now - self.reported_at >= STORAGE_REPORT_SECONDS
@@ -908,6 +916,19 @@ class StorageRoots:
         if due:
             fields_["storage_roots"] = list(observed.values())
         return fields_
+
+    def observe(self, root: StorageRoot, now: float) -> dict[str, object]:
+        """One root's facts for this beat: realpath and statvfs every time, but the write probe (a
+        file created and deleted in the root) only when none was made in the last minute or the
+        root has just (re)appeared; otherwise the last probe's answer stands."""
+        probe = self.probes.get(root.id)
+        fresh = probe is not None and 0 <= now - probe[1] < STORAGE_REPORT_SECONDS
+        facts = observe_root(root, self.artifact_dir, probe[0] if fresh else None)
+        if not facts["exists"]:
+            self.probes.pop(root.id, None)  # probe again as soon as it is back
+        elif not fresh:
+            self.probes[root.id] = (bool(facts["writable"]), now)
+        return facts
 
     def delivered(self, fields_: dict[str, object], now: float) -> None:
         """The heartbeat carrying `fields_` arrived: its observations are the ones the server has."""

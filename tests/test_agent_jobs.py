@@ -407,6 +407,44 @@ def test_root_observations_go_out_on_a_notable_change_or_after_a_minute(tmp_path
     assert roots.heartbeat_fields(132.0) == {"storage_roots_etag": "e2", "storage_roots": []}
 
 
+def test_the_write_probe_runs_once_a_minute_not_on_every_heartbeat(tmp_path, monkeypatch):
+    artifacts = tmp_path / "artifacts"
+    (artifacts / "registry").mkdir(parents=True)
+    roots = agent.StorageRoots(artifacts)
+    root = {"id": "r1", "name": "registry", "container_path": str(artifacts / "registry"), "min_free_bytes": 0}
+    roots.take_reply({"storage_roots_etag": "e", "storage_roots": [root]})
+    probes, real_open = [], agent.os.open
+
+    def counting_open(path, *args, **kwargs):
+        if ".modelforge-probe-" in str(path):
+            probes.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(agent.os, "open", counting_open)
+    for beat in range(12):  # every five seconds for a minute; only the first one arrives
+        sent = roots.heartbeat_fields(100.0 + 5 * beat)
+        if beat == 0:
+            roots.delivered(sent, 100.0)
+    assert len(probes) == 1
+    assert roots.heartbeat_fields(160.0)["storage_roots"][0]["writable"] is True  # due: probed again
+    assert len(probes) == 2
+
+
+def test_a_probe_file_that_cannot_be_removed_reads_as_not_writable(tmp_path, monkeypatch):
+    artifacts = tmp_path / "artifacts"
+    (artifacts / "registry").mkdir(parents=True)
+    roots = agent.StorageRoots(artifacts)
+    root = {"id": "r1", "name": "registry", "container_path": str(artifacts / "registry"), "min_free_bytes": 0}
+    roots.take_reply({"storage_roots_etag": "e", "storage_roots": [root]})
+
+    def failing_unlink(path, *args, **kwargs):
+        raise OSError(16, "Device or resource busy", str(path))
+
+    monkeypatch.setattr(agent.os, "unlink", failing_unlink)
+    assert agent.writable_dir(str(artifacts / "registry")) is False
+    assert roots.heartbeat_fields(100.0)["storage_roots"][0]["writable"] is False
+
+
 def test_a_reply_without_roots_keeps_the_list_and_a_bad_root_is_dropped(tmp_path):
     roots = agent.StorageRoots(tmp_path)
     good = {"id": "r1", "name": "n", "container_path": str(tmp_path), "min_free_bytes": 0}
