@@ -201,11 +201,15 @@ def record_heartbeat(
     roots = None
     if roots_etag != etag:
         roots = storage.agent_view(publisher.node_id) if lease.storage_roots_version else []
-    db.session.commit()
+    # J2: on SQLite the count is asked after the commit, as a reader, so it never holds the writers'
+    # lock another node's heartbeat waits for; PostgreSQL has no such lock, and a second
+    # transaction there would only cost a round trip, so it is asked in this one.
+    sqlite = connection.dialect.name == "sqlite"
     waiting = 0
-    if lease.capabilities:
-        # J2: asked after the commit, as a reader: on SQLite the writers' lock is already free, so
-        # this count never makes another node's heartbeat wait.
+    if lease.capabilities and not sqlite:
+        waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities)
+    db.session.commit()
+    if lease.capabilities and sqlite:
         begin_read_only()
         waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities)
     return BeatReply(jobs_waiting=waiting, storage_roots_etag=etag, storage_roots=roots)
