@@ -1651,15 +1651,33 @@ class PartialDir:
         self.root = root  # realpath of the storage root
         self.job_id = job_id
         self.path = os.path.join(root, ".partial", job_id)
-        self.root_fd = os.open(root, O_DIR_NOFOLLOW)
+        self._root_fd: int | None = os.open(root, O_DIR_NOFOLLOW)
         self.fd: int | None = None
 
+    @property
+    def closed(self) -> bool:
+        return self._root_fd is None
+
+    @property
+    def root_fd(self) -> int:
+        """The storage root's descriptor; a closed PartialDir refuses every use (its number may by
+        now belong to another thread's file)."""
+        if self._root_fd is None:
+            raise ValueError(f"the partial directory of job {self.job_id} is closed")
+        return self._root_fd
+
+    def _dir_fd(self) -> int:
+        """The partial directory's descriptor; refused when closed or not created yet."""
+        if self._root_fd is None or self.fd is None:
+            raise ValueError(f"the partial directory of job {self.job_id} is closed or not created")
+        return self.fd
+
     def close(self) -> None:
-        """Close the directory descriptors."""
-        for fd in (self.fd, self.root_fd):
+        """Close the directory descriptors; a second call does nothing (never a double close)."""
+        fds, self.fd, self._root_fd = (self.fd, self._root_fd), None, None
+        for fd in fds:
             if fd is not None:
                 os.close(fd)
-        self.fd = None
 
     def _partials_fd(self, create: bool) -> int | None:
         try:
@@ -1720,7 +1738,7 @@ class PartialDir:
         if not joined.startswith(self.path + os.sep):
             raise JobFailure(ARTIFACT_PATH_UNSAFE, f"{ascii(path)[:300]} leaves the partial directory", retryable=False)
         *parents, name = path.split("/")
-        directory = open_dir_chain(self.fd, parents, create=True)
+        directory = open_dir_chain(self._dir_fd(), parents, create=True)
         try:
             try:
                 fd = os.open(
@@ -1753,14 +1771,14 @@ class PartialDir:
 
     def write_manifest(self, manifest: dict[str, object]) -> None:
         """modelforge-manifest.json inside, the last file before the rename."""
-        write_json_at(self.fd, MANIFEST_NAME, manifest)
+        write_json_at(self._dir_fd(), MANIFEST_NAME, manifest)
 
     def move_into_place(self, final_parts: list[str]) -> bool:
         """Rename the whole directory to its final place in one step; False if one is already there."""
         parent = open_dir_chain(self.root_fd, final_parts[:-1], create=True)
         partials = open_dir_chain(self.root_fd, [".partial"], create=False)
         try:
-            os.fsync(self.fd)
+            os.fsync(self._dir_fd())
             os.rename(self.job_id, final_parts[-1], src_dir_fd=partials, dst_dir_fd=parent)
             os.fsync(parent)
             with_missing_ok(os.unlink, f"{self.job_id}.json", dir_fd=partials)
@@ -2145,7 +2163,20 @@ class Acquisition:
             "actual_size": failed.actual_size,
         }
         self.partial.close()
-        moved = quarantine(self.partial.path, self.quarantine_dir, f"{self.job_id}-{self.attempt}", reason)
+        try:
+            moved = quarantine(self.partial.path, self.quarantine_dir, f"{self.job_id}-{self.attempt}", reason)
+        except OSError as error:
+            # The evidence is never deleted (J3): the files stay where they are, the partial stays
+            # closed (acquire_artifact removes nothing through a closed one), and the job fails for
+            # good, so no later attempt resumes from a file known to be corrupt.
+            failure = storage_failure(error, self.request.container_path)
+            kept = self.partial.path if os.path.lexists(self.partial.path) else str(self.quarantine_dir)
+            raise JobFailure(
+                failure.code,
+                f"{remote.path} did not match the hash or size the Hub recorded, and moving the attempt's "
+                f"files to quarantine failed ({failure.message}); they are kept in {kept}",
+                retryable=False,
+            ) from None
         self.partial = PartialDir(self.root, self.job_id)
         self.partial.remove()  # the state file: the next attempt resolves the revision afresh
         return JobFailure(
@@ -2234,12 +2265,14 @@ def acquire_artifact(
     try:
         return acquisition.run()
     except JobFailure as failure:
-        if not failure.retryable:
+        # A closed partial was handed to quarantine: whatever is left of it is evidence, never deleted.
+        if not failure.retryable and not acquisition.partial.closed:
             acquisition.partial.remove()
         raise
     except OSError as error:
         failure = storage_failure(error, request.container_path)
-        acquisition.partial.remove()
+        if not acquisition.partial.closed:
+            acquisition.partial.remove()
         raise failure from None
     finally:
         acquisition.partial.close()

@@ -255,6 +255,55 @@ def test_one_corrupted_byte_quarantines_the_attempt_with_its_evidence(hub, place
     assert (place.final(commit) / path).read_bytes() == content(hub, path)
 
 
+def test_a_quarantine_that_cannot_move_keeps_the_evidence_and_closes_nothing_twice(hub, place, monkeypatch):
+    commit = hub.add_repo(REPO, {"a.txt": b"true bytes", "b.txt": b"other bytes"})
+    hub.corrupt(REPO, "a.txt", offset=3)
+    closed, twice, real_open, real_dup, real_close = set(), [], agent.os.open, agent.os.dup, agent.os.close
+
+    def recording_open(*args, **kwargs):
+        fd = real_open(*args, **kwargs)
+        closed.discard(fd)
+        return fd
+
+    def recording_dup(fd):
+        copy = real_dup(fd)
+        closed.discard(copy)
+        return copy
+
+    def recording_close(fd):
+        if fd in closed:
+            twice.append(fd)
+        closed.add(fd)
+        real_close(fd)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(agent.os, "open", recording_open)
+    monkeypatch.setattr(agent.os, "dup", recording_dup)
+    monkeypatch.setattr(agent.os, "close", recording_close)
+    monkeypatch.setattr(agent.shutil, "move", full_disk)
+    failure = failure_of(hub.url, place, attempt=2)
+    assert (failure.code, failure.retryable) == (agent.STORAGE_CAPACITY_GUARD, False)
+    assert "a.txt" in failure.message and str(place.partial()) in failure.message
+    assert twice == []
+    # The evidence stays where it was: nothing deleted, nothing in place, nothing half-quarantined.
+    assert (place.partial() / "a.txt").exists() and (place.root / ".partial" / "job-1.json").exists()
+    assert not place.final(commit).exists() and not list(place.quarantine.iterdir())
+
+
+def test_a_closed_partial_directory_refuses_every_later_use(place):
+    partial = agent.PartialDir(str(place.root), "job-1")
+    partial.create({"commit": "c"})
+    partial.close()
+    partial.close()  # a second close does nothing
+    assert partial.closed and partial.fd is None
+    for use in (partial.remove, partial.read_state, lambda: partial.write_manifest({}), lambda: partial.open_file("x")):
+        with pytest.raises(ValueError):
+            use()
+    assert place.partial().is_dir()  # nothing was removed through it
+
+
 # --------------------------------------------------------------------------- resume
 
 
