@@ -20,7 +20,7 @@ def test_migrated_schema_matches_the_models(app):
     with app.app_context(), db.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, db.metadata) == []
-        assert context.get_current_revision() == "0003_jobs"
+        assert context.get_current_revision() == "0004_runtime_worker"
 
 
 def test_upgrading_an_existing_database_keeps_its_enrolments(tmp_path):
@@ -78,6 +78,56 @@ def test_upgrading_to_jobs_keeps_every_node_and_gives_its_lease_no_capabilities(
         with db.engine.connect() as connection:
             assert "jobs" not in sa.inspect(connection).get_table_names()
             assert connection.execute(sa.text("SELECT count(*) FROM node_leases")).scalar() == 1
+
+
+def test_upgrading_to_the_runtime_worker_keeps_jobs_and_artifact_links_both_ways(database_url, tmp_path):
+    """0003 → 0004 and back, on SQLite and PostgreSQL, with an acquired artifact: its job link survives
+    (SQLite rebuilds `jobs` on the way down, which alone would null artifacts.job_id) (W1, W2)."""
+    from flask_migrate import downgrade, upgrade
+
+    from app import create_app
+    from tests.support import app_env
+
+    app = create_app(app_env(database_url, tmp_path))
+    with app.app_context():
+        downgrade(revision="0003_jobs")
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(
+                "INSERT INTO nodes (id, display_name, hostname, labels, production_eligible, lab_eligible,"
+                " benchmark_eligible, disabled, created_at, enrolled_at) VALUES ('n-1', 'old', 'gpu', '{}', false,"
+                " false, false, false, '2026-11-30', '2026-11-30')"
+            ))  # fmt: skip
+            connection.execute(sa.text("INSERT INTO node_leases (node_id, status) VALUES ('n-1', 'online')"))
+            connection.execute(sa.text(
+                "INSERT INTO storage_roots (id, node_id, name, host_path, container_path, min_free_bytes, created_at)"
+                " VALUES ('r-1', 'n-1', 'models', '/h', '/c', 0, '2026-11-30')"
+            ))  # fmt: skip
+            connection.execute(sa.text(
+                "INSERT INTO jobs (id, type, node_id, storage_root_id, params, state, attempt, max_attempts,"
+                " cancel_requested, created_at) VALUES ('j-1', 'artifact.acquire.v1', 'n-1', 'r-1', '{}',"
+                " 'succeeded', 1, 3, false, '2026-11-30')"
+            ))  # fmt: skip
+            connection.execute(sa.text(
+                "INSERT INTO artifacts (id, node_id, storage_root_id, repo_id, repo_type, revision, \"commit\","
+                " container_path, host_path, files, total_bytes, verified_at, job_id) VALUES ('a-1', 'n-1', 'r-1',"
+                " 'o/n', 'model', 'main', 'c', '/c/x', '/h/x', 1, 1, '2026-11-30', 'j-1')"
+            ))  # fmt: skip
+        upgrade()
+        with db.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT job_id FROM artifacts")).scalar() == "j-1"
+            assert connection.execute(sa.text("SELECT artifact_id FROM jobs")).scalar() is None
+            lease = connection.execute(
+                sa.text("SELECT runtime_worker, runtime_worker_problem, worker_compatibility FROM node_leases")
+            ).one()
+            assert tuple(lease) == (None, None, None)
+        downgrade(revision="0003_jobs")
+        with db.engine.connect() as connection:
+            assert "artifact_id" not in [column["name"] for column in sa.inspect(connection).get_columns("jobs")]
+            assert connection.execute(sa.text("SELECT job_id FROM artifacts")).scalar() == "j-1"
+            indexes = {index["name"] for index in sa.inspect(connection).get_indexes("jobs")}
+            assert "uq_jobs_one_running_per_node" in indexes
+        upgrade()
+        db.engine.dispose()
 
 
 def test_sqlite_runs_in_wal_with_foreign_keys_and_a_busy_timeout(sqlite_app):

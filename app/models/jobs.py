@@ -97,6 +97,12 @@ class Job(db.Model):
     storage_root_id: Mapped[str | None] = mapped_column(
         sa.ForeignKey("storage_roots.id", ondelete="RESTRICT"), index=True
     )
+    # W2: the artifact a runtime job runs a model of; history outlives it (SET NULL). The cycle with
+    # artifacts.job_id is broken by use_alter, so the tables still sort for create and truncate.
+    artifact_id: Mapped[str | None] = mapped_column(
+        sa.ForeignKey("artifacts.id", ondelete="SET NULL", use_alter=True, name="fk_jobs_artifact_id_artifacts"),
+        index=True,
+    )
     params: Mapped[dict[str, object]] = mapped_column(sa.JSON)
     state: Mapped[str] = mapped_column(sa.String(16), default=JobState.QUEUED)
     attempt: Mapped[int] = mapped_column(default=0)

@@ -55,3 +55,9 @@ class NodeLease(db.Model):
     # heartbeat reply hands the agent as an etag so it fetches the list only when it moved (J1).
     capabilities: Mapped[list[str]] = mapped_column(sa.JSON, default=list, server_default="[]")
     storage_roots_version: Mapped[int] = mapped_column(default=0, server_default="0")
+    # W1: the runtime worker as the agent last reported it (inventory): its facts, or why none
+    # answered, and the compatibility answer for its protocol; runtime.* capabilities are kept
+    # only while that answer is COMPATIBLE.
+    runtime_worker: Mapped[dict[str, object] | None] = mapped_column(sa.JSON)
+    runtime_worker_problem: Mapped[str | None] = mapped_column(sa.String(500))
+    worker_compatibility: Mapped[str | None] = mapped_column(sa.String(16))
