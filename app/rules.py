@@ -95,6 +95,37 @@ def absolute_path_problem(path: str) -> str | None:
     return "Write the path without empty, . or .. parts (no // and no going up)."
 
 
+def _relative_path_pattern() -> str:
+    """A relative POSIX file path: printable segments, none empty, `.` or `..`, no backslash."""
+    char = rf"[^/\\{FORBIDDEN_CHARACTERS}]"
+    first = rf"[^/.\\{FORBIDDEN_CHARACTERS}]"
+    segment = rf"(\.\.{char}+|\.{first}{char}*|{first}{char}*)"
+    return rf"^{segment}(/{segment})*$"
+
+
+# W2: a model file inside an artifact (`model_file`), relative to the artifact's directory. The
+# worker resolves it again against its own artifact directory and refuses what leaves it (symlinks
+# included); this rule only keeps a path that names a way out from ever being queued.
+RELATIVE_PATH_PATTERN = _relative_path_pattern()
+RELATIVE_PATH_RULE = "a path inside the artifact: no leading /, no empty, . or .. parts, no backslash"
+_RELATIVE_PATH = re.compile(RELATIVE_PATH_PATTERN[1:-1])
+
+
+def relative_path_problem(path: str) -> str | None:
+    """W2: why a model file path is refused (the pattern above decides; the message says why), or None."""
+    if len(path) <= MAX_PATH_LENGTH and _RELATIVE_PATH.fullmatch(path) and is_text(path):
+        return None
+    if len(path) > MAX_PATH_LENGTH:
+        return f"Use at most {MAX_PATH_LENGTH} characters."
+    if not is_text(path):
+        return "Use printable characters only."
+    if path.startswith("/"):
+        return "Write the path inside the artifact, without a leading /."
+    if "\\" in path:
+        return "Separate directories with /, not a backslash."
+    return "Write the path without empty, . or .. parts (no // and no going up)."
+
+
 # An image reference as Docker reads one: [registry[:port]/]path[:tag][@sha256:digest].
 _IMAGE_NAME = (
     r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]{1,5})?/)?"
