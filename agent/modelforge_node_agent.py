@@ -91,6 +91,24 @@ TRANSFER_RETRIES = 3  # a transfer that broke after making progress resumes at o
 FINAL_REPORT_PATIENCE_SECONDS = 600.0  # how long a complete/fail report is retried while unreachable
 MANIFEST_NAME = "modelforge-manifest.json"
 
+# W1: the runtime worker, its job types and the protocol versions of its socket this agent speaks.
+RUNTIME_BENCHMARK_JOB_TYPE = "runtime.benchmark.v1"
+RUNTIME_GENERATE_JOB_TYPE = "runtime.generate.v1"
+RUNTIME_JOB_TYPES = (RUNTIME_BENCHMARK_JOB_TYPE, RUNTIME_GENERATE_JOB_TYPE)
+RUNTIME_WORKER_UNAVAILABLE = "RUNTIME_WORKER_UNAVAILABLE"
+MODEL_FILE_INVALID = "MODEL_FILE_INVALID"
+WORKER_PROTOCOLS = (1,)
+DEFAULT_WORKER_SOCKET = "/run/modelforge/worker.sock"
+UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one NUL
+WORKER_CONNECT_TIMEOUT_SECONDS = 1.0  # a local socket answers at once or not at all
+WORKER_READ_TIMEOUT_SECONDS = 5.0
+WORKER_REPLY_MAX_BYTES = 1 << 20  # a generate result of 16 prompts is far below this
+WORKER_POLL_SECONDS = 0.25
+WORKER_POLL_TIMEOUTS = 3  # this many timed-out polls in a row: the worker is gone
+WORKER_CANCEL_WAIT_SECONDS = 5.0  # W1: a cancelled job stops within a second; wait a little longer
+MAX_WORKER_DEVICES = 64
+JOB_STOP_GRACE_SECONDS = 1.0  # how long a stopping agent lets a running job tell its worker
+
 log = logging.getLogger("modelforge_node_agent")
 
 # --------------------------------------------------------------------------- configuration
@@ -128,6 +146,7 @@ class Config:
     state_dir: Path
     data_dirs: dict[str, Path]
     hub: HubSettings = field(default_factory=HubSettings)
+    worker_socket: str = DEFAULT_WORKER_SOCKET
 
     @property
     def verify(self) -> bool | str:
@@ -212,6 +231,17 @@ def _stall_seconds(env: dict[str, str]) -> float:
     return seconds
 
 
+def _worker_socket(env: dict[str, str]) -> str:
+    """MODELFORGE_AGENT_WORKER_SOCKET: where the runtime worker listens (W1)."""
+    name = "MODELFORGE_AGENT_WORKER_SOCKET"
+    path = env.get(name, "").strip() or DEFAULT_WORKER_SOCKET
+    if not os.path.isabs(path) or "\0" in path:
+        raise ConfigError(f"{name} must be an absolute path such as {DEFAULT_WORKER_SOCKET}, got {path!r}")
+    if len(os.fsencode(path)) > UNIX_SOCKET_PATH_MAX:
+        raise ConfigError(f"{name} is longer than a Unix socket path may be ({UNIX_SOCKET_PATH_MAX} bytes)")
+    return path
+
+
 def load_config(env: dict[str, str], *, need_url: bool = True) -> Config:
     """Read and validate the agent's environment."""
     mode = env.get("MODELFORGE_AGENT_ACCELERATOR_MODE", "auto").strip().lower() or "auto"
@@ -244,6 +274,7 @@ def load_config(env: dict[str, str], *, need_url: bool = True) -> Config:
         state_dir=dirs["state"],
         data_dirs=dirs,
         hub=HubSettings(endpoint=_hf_endpoint(env), token=_hf_token(env), stall_seconds=_stall_seconds(env)),
+        worker_socket=_worker_socket(env),
     )
 
 
@@ -948,13 +979,15 @@ def wire_versions() -> dict[str, object]:
     return {"protocol_version": PROTOCOL_VERSION, "agent_version": AGENT_VERSION}
 
 
-def advertised_capabilities() -> list[str]:
-    """The job types this agent can run (J2): those with a handler whose library is installed.
-    The library is only looked for here, not imported, so an idle agent stays small."""
+def advertised_capabilities(worker_compatible: bool = False) -> list[str]:
+    """The job types this agent can run (J2): those with a handler whose library is installed,
+    and the runtime types only while a compatible runtime worker answers (W1). The library is
+    only looked for here, not imported, so an idle agent stays small."""
     return [
         job_type
         for job_type in JOB_HANDLERS
         if all(importlib.util.find_spec(module) is not None for module in JOB_LIBRARIES.get(job_type, ()))
+        and (worker_compatible or job_type not in RUNTIME_JOB_TYPES)
     ]
 
 
@@ -990,16 +1023,23 @@ class JobControl:
     def __init__(self) -> None:
         self.cancelled = threading.Event()
         self.abandoned = threading.Event()
+        self.stopped = threading.Event()  # either of the two
         self.reason = ""
 
     def cancel(self) -> None:
         """An operator cancelled the job."""
         self.cancelled.set()
+        self.stopped.set()
 
     def abandon(self, reason: str) -> None:
         """Stop without a report."""
         self.reason = reason
         self.abandoned.set()
+        self.stopped.set()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep up to `seconds`, waking at once when the job is told to stop."""
+        self.stopped.wait(seconds)
 
     def check(self) -> None:
         """Raise if the job must stop now."""
@@ -1011,16 +1051,20 @@ class JobControl:
 
 @dataclass(frozen=True)
 class Progress:
-    """How far a job is (J4 shows it as bytes and files)."""
+    """How far a job is (J4 shows it as bytes and files; a runtime job as its phase and steps)."""
 
     bytes_done: int = 0
     bytes_total: int = 0
     files_done: int = 0
     files_total: int = 0
+    phase: str | None = None
+    steps_done: int | None = None
+    steps_total: int | None = None
 
-    def to_wire(self) -> dict[str, int]:
-        """The `progress` of a progress report: exactly these four fields."""
-        return asdict(self)
+    def to_wire(self) -> dict[str, object]:
+        """The `progress` of a progress report: the four counts, and the runtime fields only when
+        set (an acquire sends exactly the four)."""
+        return {key: value for key, value in asdict(self).items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -1103,10 +1147,17 @@ class JobsClient:
 
 
 JobHandler = Callable[[Job, Config, JobControl, Callable[[Progress], None]], dict[str, object]]
-# Job type → the function that runs it, and the libraries it imports when it runs; each job
-# section below registers its own.
+# Job type → the function that runs it, the libraries it imports when it runs, and how the log
+# line of its success sums its result up; each job section below registers its own.
 JOB_HANDLERS: dict[str, JobHandler] = {}
 JOB_LIBRARIES: dict[str, tuple[str, ...]] = {}
+JOB_SUMMARIES: dict[str, Callable[[dict[str, object]], str]] = {}
+
+
+def result_summary(job_type: str, result: dict[str, object]) -> str:
+    """A few words on a job's result for its success log line (never the whole result)."""
+    summary = JOB_SUMMARIES.get(job_type)
+    return summary(result) if summary is not None else "result with " + ", ".join(sorted(result)[:8])
 
 
 class JobRunner:
@@ -1127,6 +1178,7 @@ class JobRunner:
         self.finished = threading.Event()
         self._progress = Progress()
         self._lock = threading.Lock()
+        self.failure: JobFailure | None = None  # how the attempt failed, once it has
         self.thread = threading.Thread(target=self.run, name=f"job-{job.id}", daemon=True)
 
     def start(self) -> JobRunner:
@@ -1169,6 +1221,7 @@ class JobRunner:
             self.finished.set()
             reporter.join()
         if failure is not None:
+            self.failure = failure
             log.warning(
                 "%s failed: %s %s (%s)",
                 job.describe(),
@@ -1178,13 +1231,7 @@ class JobRunner:
             )
             self.deliver("fail", lambda: self.client.fail(job, failure))
         elif result is not None and self.send_progress():
-            log.info(
-                "%s succeeded: %s files, %s bytes at %s",
-                job.describe(),
-                result.get("files"),
-                result.get("total_bytes"),
-                result.get("container_path"),
-            )
+            log.info("%s succeeded: %s", job.describe(), result_summary(job.type, result))
             self.deliver("complete", lambda: self.client.complete(job, result))
 
     def execute(self) -> dict[str, object]:
@@ -1343,20 +1390,27 @@ class RemoteFile:
         return {"path": self.path, "size": self.size, self.hash_name: self.digest}
 
 
-def safe_repo_path(path: object) -> str:
-    """A path from the Hub, checked before any use (J3): relative, no '.', '..' or empty segment,
-    no backslash, NUL or control character, not the manifest's own name."""
-    if not isinstance(path, str) or not path:
-        raise JobFailure(ARTIFACT_PATH_UNSAFE, "the Hub listed a file without a path", retryable=False)
-    shown = ascii(path)[:300]
+def is_safe_relative_path(path: str) -> bool:
+    """Relative, no '.', '..' or empty segment, no backslash, NUL or control character, and every
+    segment a name a filesystem can hold: a path that can only mean one file below its base."""
     parts = path.split("/")
-    if (
-        path.startswith("/")
+    return not (
+        not path
+        or path.startswith("/")
         or "\\" in path
         or not path.isprintable()
         or any(part in ("", ".", "..") for part in parts)
         or any(len(part.encode()) > 255 for part in parts)
-    ):
+    )
+
+
+def safe_repo_path(path: object) -> str:
+    """A path from the Hub, checked before any use (J3): a safe relative path (above), not the
+    manifest's own name."""
+    if not isinstance(path, str) or not path:
+        raise JobFailure(ARTIFACT_PATH_UNSAFE, "the Hub listed a file without a path", retryable=False)
+    shown = ascii(path)[:300]
+    if not is_safe_relative_path(path):
         raise JobFailure(
             ARTIFACT_PATH_UNSAFE,
             f"the Hub listed the unsafe path {shown}; nothing was written for it",
@@ -2295,8 +2349,14 @@ def run_acquire_job(
     )
 
 
+def acquire_summary(result: dict[str, object]) -> str:
+    """`3 files, 1234 bytes at /data/artifacts/…` for the success log line."""
+    return f"{result.get('files')} files, {result.get('total_bytes')} bytes at {result.get('container_path')}"
+
+
 JOB_HANDLERS[ACQUIRE_JOB_TYPE] = run_acquire_job
 JOB_LIBRARIES[ACQUIRE_JOB_TYPE] = ("huggingface_hub",)
+JOB_SUMMARIES[ACQUIRE_JOB_TYPE] = acquire_summary
 
 
 # --------------------------------------------------------------------------- publishing loop
