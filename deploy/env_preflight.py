@@ -49,6 +49,8 @@ PLACEHOLDER_HOSTS = ("modelforge.example", "example.internal", "example.com")
 URL_VARIABLE = "MODELFORGE_AGENT_CONTROL_PLANE_URL"
 TLS_VARIABLE = "MODELFORGE_AGENT_TLS_VERIFY"
 IMAGE_VARIABLE = "MODELFORGE_NODE_AGENT_IMAGE"
+# The runtime worker overlays' images (W3): the same rule as the agent's.
+IMAGE_VARIABLES = (IMAGE_VARIABLE, "MODELFORGE_RUNTIME_WORKER_IMAGE", "MODELFORGE_RUNTIME_WORKER_CPU_IMAGE")
 TOKEN_VARIABLE = "MODELFORGE_AGENT_ENROLLMENT_TOKEN"
 
 
@@ -143,11 +145,13 @@ def check_url(env: dict[str, str]) -> list[str]:
 
 
 def check_image(env: dict[str, str]) -> list[str]:
-    """Refuse `latest`, named or implied (D2): an upgrade should be a decision, not a pull."""
-    value = env.get(IMAGE_VARIABLE, "").strip()
-    if value and (problem := rules.image_reference_problem(value)):
-        return [f"{IMAGE_VARIABLE}={value}: {problem}"]
-    return []
+    """Refuse `latest`, named or implied (D2, W3): an upgrade should be a decision, not a pull."""
+    problems = []
+    for name in IMAGE_VARIABLES:
+        value = env.get(name, "").strip()
+        if value and (problem := rules.image_reference_problem(value)):
+            problems.append(f"{name}={value}: {problem}")
+    return problems
 
 
 def warnings_for(env: dict[str, str]) -> list[str]:

