@@ -1,9 +1,10 @@
 """ModelForge node agent: one file that runs on every GPU host and only ever dials out.
 
 Sections: constants, configuration, NVML and preflight, inventory, state, HTTP client,
-storage roots, jobs client, acquire, publishing loop, command line. Standard library + requests
-+ nvidia-ml-py; huggingface_hub is imported only while an artifact.acquire.v1 job runs, so an
-idle agent stays small.
+storage roots, jobs client, acquire, runtime worker, publishing loop, command line. Standard
+library + requests + nvidia-ml-py; huggingface_hub is imported only while an artifact.acquire.v1
+job runs, so an idle agent stays small. Runtime jobs run in the separate runtime worker (W1),
+which the agent reaches over a Unix socket.
 
     python3 -m modelforge_node_agent [--preflight] [--once] [--version]
 """
@@ -15,6 +16,7 @@ import atexit
 import errno
 import glob
 import hashlib
+import http.client
 import importlib
 import importlib.util
 import json
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 # --------------------------------------------------------------------------- constants
 
@@ -2359,6 +2361,247 @@ JOB_LIBRARIES[ACQUIRE_JOB_TYPE] = ("huggingface_hub",)
 JOB_SUMMARIES[ACQUIRE_JOB_TYPE] = acquire_summary
 
 
+# --------------------------------------------------------------------------- runtime worker
+
+WORKER_JOB_STATES = ("running", "succeeded", "failed", "cancelled")
+ERROR_CODE_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+
+
+def short_text(value: object, limit: int) -> str | None:
+    """A string from the worker as the inventory may carry it: printable, at most `limit`
+    characters; None for anything that is not a string."""
+    if not isinstance(value, str):
+        return None
+    return "".join(char if char.isprintable() else "?" for char in value[:limit])
+
+
+def whole_number(value: object) -> int | None:
+    """A non-negative JSON integer, or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+class WorkerError(Exception):
+    """The runtime worker did not answer as its protocol says (W1). `reason` is one line for the
+    log, the inventory's runtime_worker_problem and a job's error: no socket, refused, timed out,
+    not JSON, or `HTTP 409 WORKER_BUSY on POST /v1/jobs`. An HTTP error answer also gives its
+    `status`, `code`, `message` and `retryable`."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        timed_out: bool = False,
+        status: int | None = None,
+        code: str | None = None,
+        message: str = "",
+        retryable: bool = False,
+        reply: dict[str, object] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason, self.timed_out = reason, timed_out
+        self.status, self.code, self.message, self.retryable = status, code, message, retryable
+        self.reply: dict[str, object] = reply if reply is not None else {}
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a Unix stream socket, with a short connect and a longer read timeout."""
+
+    def __init__(self, path: str, connect_timeout: float, read_timeout: float) -> None:
+        super().__init__("localhost", timeout=read_timeout)
+        self.socket_path, self.connect_timeout = path, connect_timeout
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.connect_timeout)
+            sock.connect(self.socket_path)
+            sock.settimeout(self.timeout)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class WorkerClient:
+    """The agent's side of the runtime worker's socket protocol v1 (worker/README.md): one short
+    connection per request, JSON both ways, a bounded reply."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        connect_timeout: float = WORKER_CONNECT_TIMEOUT_SECONDS,
+        read_timeout: float = WORKER_READ_TIMEOUT_SECONDS,
+    ) -> None:
+        self.socket_path, self.connect_timeout, self.read_timeout = socket_path, connect_timeout, read_timeout
+
+    def request(self, method: str, path: str, body: dict[str, object] | None = None) -> dict[str, object]:
+        """One request; the reply's JSON object, or WorkerError saying in one line what went wrong."""
+        where = f"{method} {path}"
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        connection = UnixHTTPConnection(self.socket_path, self.connect_timeout, self.read_timeout)
+        try:
+            connection.request(method, path, body=data, headers=headers)
+            response = connection.getresponse()
+            raw = response.read(WORKER_REPLY_MAX_BYTES + 1)
+        except FileNotFoundError:
+            raise WorkerError(f"no socket at {self.socket_path}") from None
+        except ConnectionRefusedError:
+            raise WorkerError(f"connection refused at {self.socket_path}") from None
+        except TimeoutError:
+            raise WorkerError(f"timed out on {where} at {self.socket_path}", timed_out=True) from None
+        except http.client.HTTPException as error:
+            raise WorkerError(f"no HTTP answer to {where} ({type(error).__name__})") from None
+        except OSError as error:
+            raise WorkerError(f"{error.strerror or type(error).__name__} at {self.socket_path}") from None
+        finally:
+            connection.close()
+        if len(raw) > WORKER_REPLY_MAX_BYTES:
+            raise WorkerError(f"reply to {where} is larger than {WORKER_REPLY_MAX_BYTES} bytes")
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            reply = None
+        if response.status >= 400:
+            error = as_dict(as_dict(reply).get("error"))
+            code = error.get("code") if isinstance(error.get("code"), str) else None
+            code = code if code and ERROR_CODE_PATTERN.fullmatch(code) else None
+            raise WorkerError(
+                f"HTTP {response.status} {code or 'ERROR'} on {where}",
+                status=response.status,
+                code=code,
+                message=short_text(error.get("message"), 1000) or "",
+                retryable=error.get("retryable") is True,
+                reply=as_dict(reply),
+            )
+        if not isinstance(reply, dict):
+            raise WorkerError(f"not JSON on {where}" if reply is None else f"not a JSON object on {where}")
+        return reply
+
+    def info(self) -> dict[str, object]:
+        """GET /v1/info: who the worker is, and the job it holds."""
+        return self.request("GET", "/v1/info")
+
+    def submit(self, job_id: str, job_type: str, params: dict[str, object]) -> dict[str, object]:
+        """POST /v1/jobs: the job's status (the same id again answers its status)."""
+        return self.request("POST", "/v1/jobs", {"id": job_id, "type": job_type, "params": params})
+
+    def status(self, job_id: str) -> dict[str, object]:
+        """GET /v1/jobs/{id}."""
+        return self.request("GET", f"/v1/jobs/{quote(job_id, safe='')}")
+
+    def cancel(self, job_id: str) -> dict[str, object]:
+        """POST /v1/jobs/{id}/cancel: the job stops within a second and the model is freed."""
+        return self.request("POST", f"/v1/jobs/{quote(job_id, safe='')}/cancel", {})
+
+
+def worker_facts(info: dict[str, object]) -> dict[str, object]:
+    """The inventory's `runtime_worker` from a GET /v1/info answer: the protocol version as the
+    worker sent it (A1: a non-integer goes as a short string, which the control plane answers
+    UNKNOWN), the rest cut to what the control plane stores."""
+    protocol = info.get("protocol_version")
+    if whole_number(protocol) is None:
+        protocol = short_text(protocol if isinstance(protocol, str) else json.dumps(protocol), 32)
+    engines = [as_dict(item) for item in info.get("engines") or [] if isinstance(item, dict)]
+    devices = [as_dict(item) for item in info.get("devices") or [] if isinstance(item, dict)]
+    return {
+        "worker_version": short_text(info.get("worker_version"), 64),
+        "protocol_version": protocol,
+        "engines": [
+            {key: short_text(engine.get(key), 64) for key in ("name", "version", "backend")} for engine in engines[:8]
+        ],
+        "devices": [
+            {
+                "uuid": short_text(device.get("uuid"), 96),
+                "name": short_text(device.get("name"), 255),
+                "memory_total_bytes": whole_number(device.get("memory_total_bytes")),
+            }
+            for device in devices[:MAX_WORKER_DEVICES]
+        ],
+    }
+
+
+def describe_engines(facts: dict[str, object]) -> str:
+    """`llama.cpp 0.3.16 (cpu)` for log lines."""
+    engines = [f"{e['name']} {e['version']} ({e['backend']})" for e in facts["engines"]]
+    return ", ".join(engines) or "no engine"
+
+
+class RuntimeWorkerWatch:
+    """What the agent knows of its runtime worker (W1), from its last answer to GET /v1/info:
+    the inventory's runtime_worker and runtime_worker_problem, and whether runtime jobs are
+    advertised. Each change is logged once."""
+
+    def __init__(self, client: WorkerClient) -> None:
+        self.client = client
+        self.facts: dict[str, object] | None = None
+        self.problem: str | None = "not asked yet"
+        self.compatible = False
+        self.said: tuple[object, ...] | None = None
+
+    def inventory_fields(self) -> dict[str, object]:
+        """`runtime_worker` (null unless one answers) and `runtime_worker_problem` (null while a
+        compatible one answers, else one line: why not)."""
+        return {"runtime_worker": self.facts, "runtime_worker_problem": self.problem}
+
+    def probe(self) -> bool:
+        """Ask the worker who it is; True when what the inventory says of it changed."""
+        before = (self.compatible, self.inventory_fields())
+        try:
+            info = self.client.info()
+        except WorkerError as error:
+            self.forget(error.reason)
+        else:
+            self.take(info)
+        return (self.compatible, self.inventory_fields()) != before
+
+    def take(self, info: dict[str, object]) -> None:
+        """A worker answered: compatible when it speaks a protocol version this agent speaks."""
+        facts = worker_facts(info)
+        protocol = facts["protocol_version"]
+        self.facts, self.compatible = facts, protocol in WORKER_PROTOCOLS and isinstance(protocol, int)
+        if self.compatible:
+            self.problem = None
+            self.say(
+                ("compatible", facts["worker_version"], protocol, describe_engines(facts)),
+                logging.INFO,
+                "runtime worker %s (protocol %s, %s) answers at %s; runtime jobs are advertised",
+                facts["worker_version"],
+                protocol,
+                describe_engines(facts),
+                self.client.socket_path,
+            )
+            return
+        speaks = ", ".join(str(version) for version in WORKER_PROTOCOLS)
+        self.problem = f"the worker speaks protocol {protocol}; this agent speaks {speaks}"
+        self.say(
+            ("incompatible", facts["worker_version"], protocol),
+            logging.WARNING,
+            "runtime worker %s at %s is incompatible: %s; runtime jobs are not advertised",
+            facts["worker_version"],
+            self.client.socket_path,
+            self.problem,
+        )
+
+    def forget(self, reason: str) -> None:
+        """No worker answers (or a job found it gone): runtime jobs are not advertised until one does."""
+        self.facts, self.compatible, self.problem = None, False, reason
+        # Said once when it goes (or at start-up), not again for each new way of not answering.
+        if self.said is None:
+            self.say(("absent",), logging.INFO, "no runtime worker: %s; runtime jobs are not advertised", reason)
+        else:
+            self.say(("absent",), logging.WARNING, "runtime worker gone: %s; runtime jobs are not advertised", reason)
+
+    def say(self, key: tuple[object, ...], level: int, message: str, *args: object) -> None:
+        """Log a state once, when it differs from the last one logged (A3: no line every heartbeat)."""
+        if key != self.said:
+            self.said = key
+            log.log(level, message, *args)
+
+
 # --------------------------------------------------------------------------- publishing loop
 
 
@@ -2422,7 +2665,8 @@ class Agent:
         self.said_once: set[str] = set()
         self.storage_problems: dict[str, str] = {}
         self.unnamed_gpus: list[int] = []
-        self.capabilities = advertised_capabilities()
+        self.worker = RuntimeWorkerWatch(WorkerClient(config.worker_socket))
+        self.capabilities = advertised_capabilities(self.worker.compatible)
         self.storage_roots = StorageRoots(config.data_dirs["artifacts"])
         self.jobs = JobsClient(self.client)
         self.jobs_waiting = 0
@@ -2569,16 +2813,19 @@ class Agent:
             for name, facts in inventory["storage"].items()
             if "unknown_reason" in facts
         }
-        digest = hashlib.sha256(json.dumps(inventory, sort_keys=True).encode()).hexdigest()
+        # The digest covers the capabilities and the runtime worker too (W1): a worker that comes
+        # or goes is news for the control plane even when the machine is unchanged.
+        fields_ = {"inventory": inventory, "capabilities": self.capabilities, **self.worker.inventory_fields()}
+        digest = hashlib.sha256(json.dumps(fields_, sort_keys=True).encode()).hexdigest()
         if digest == self.inventory_digest and now - self.inventory_sent_at < INVENTORY_MAX_AGE_SECONDS:
             return
-        self.send_inventory(inventory, digest, now)
+        self.send_inventory(fields_, digest, now)
 
-    def send_inventory(self, inventory: dict[str, object], digest: str, now: float) -> None:
+    def send_inventory(self, fields_: dict[str, object], digest: str, now: float) -> None:
         """POST the inventory; a refusal (400, 413) never stops heartbeats, other failures re-raise."""
+        inventory = fields_["inventory"]
         try:
-            body = {**self.versions(), "inventory": inventory, "capabilities": self.capabilities}
-            reply = self.client.post("/api/v1/agent/inventory", body)
+            reply = self.client.post("/api/v1/agent/inventory", {**self.versions(), **fields_})
         except PublishError as error:
             if error.status in (400, 413):
                 # The server refused this inventory (too large, a field it rejects): say so, keep
@@ -2594,7 +2841,26 @@ class Agent:
             raise
         self.take_interval(reply)
         self.inventory_digest, self.inventory_sent_at = digest, now
-        log.info("inventory published: %d GPU(s)", len(inventory["gpus"]))
+        log.info(
+            "inventory published: %d GPU(s); capabilities: %s",
+            len(inventory["gpus"]),
+            ", ".join(fields_["capabilities"]) or "none",
+        )
+
+    def maybe_probe_worker(self, now: float) -> None:
+        """W1: ask the runtime worker who it is at every inventory check while a compatible one
+        answers, and at every heartbeat while none does (a missing socket fails at once). A change
+        makes the inventory due now, so the control plane learns of it within one heartbeat."""
+        inventory_due = self.inventory_checked_at is None or now - self.inventory_checked_at >= INVENTORY_CHECK_SECONDS
+        if self.worker.compatible and not inventory_due:
+            return
+        if self.worker.probe():
+            self.worker_changed()
+
+    def worker_changed(self) -> None:
+        """Advertise what the worker's state allows, and send the inventory at the next chance."""
+        self.capabilities = advertised_capabilities(self.worker.compatible)
+        self.inventory_checked_at = None
 
     def heartbeat(self) -> None:
         """One heartbeat with health, fresh telemetry and, when due, what the agent sees of its
@@ -2641,8 +2907,11 @@ class Agent:
         self.runner = JobRunner(job, JobsClient(client), self.config, self.stop).start()
 
     def publish_once(self) -> None:
-        """Inventory if due, then one heartbeat, which an inventory the server refuses never blocks."""
-        self.maybe_publish_inventory(time.monotonic())
+        """The worker probe and inventory if due, then one heartbeat, which an inventory the server
+        refuses never blocks."""
+        now = time.monotonic()
+        self.maybe_probe_worker(now)
+        self.maybe_publish_inventory(now)
         self.heartbeat()
 
     def start(self) -> None:
