@@ -2375,6 +2375,14 @@ def short_text(value: object, limit: int) -> str | None:
     return "".join(char if char.isprintable() else "?" for char in value[:limit])
 
 
+def label(value: object, limit: int) -> str | None:
+    """short_text() without outer spaces, or None when nothing is left: a name that must say something."""
+    text = short_text(value, limit)
+    if text is None or not text.strip():
+        return None
+    return text.strip()
+
+
 def whole_number(value: object) -> int | None:
     """A non-negative JSON integer, or None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
@@ -2501,22 +2509,32 @@ class WorkerClient:
 def worker_facts(info: dict[str, object]) -> dict[str, object]:
     """The inventory's `runtime_worker` from a GET /v1/info answer: the protocol version as the
     worker sent it (A1: a non-integer goes as a short string, which the control plane answers
-    UNKNOWN), the rest cut to what the control plane stores."""
+    UNKNOWN), the rest cut to what the control plane stores; an engine without a name or a device
+    without a UUID is left out, so one odd entry never gets the whole inventory refused. An answer
+    without a worker_version is no worker's: WorkerError."""
+    version = label(info.get("worker_version"), 64)
+    if version is None:
+        raise WorkerError("GET /v1/info answered without a worker_version")
     protocol = info.get("protocol_version")
     if whole_number(protocol) is None:
-        protocol = short_text(protocol if isinstance(protocol, str) else json.dumps(protocol), 32)
-    engines = [as_dict(item) for item in info.get("engines") or [] if isinstance(item, dict)]
-    devices = [as_dict(item) for item in info.get("devices") or [] if isinstance(item, dict)]
+        protocol = label(protocol, 32) or label(json.dumps(protocol), 32)
+    engines = [item for item in info.get("engines") or [] if isinstance(item, dict) and label(item.get("name"), 64)]
+    devices = [item for item in info.get("devices") or [] if isinstance(item, dict) and label(item.get("uuid"), 96)]
     return {
-        "worker_version": short_text(info.get("worker_version"), 64),
+        "worker_version": version,
         "protocol_version": protocol,
         "engines": [
-            {key: short_text(engine.get(key), 64) for key in ("name", "version", "backend")} for engine in engines[:8]
+            {
+                "name": label(engine.get("name"), 64),
+                "version": label(engine.get("version"), 64),
+                "backend": label(engine.get("backend"), 32),
+            }
+            for engine in engines[:8]
         ],
         "devices": [
             {
-                "uuid": short_text(device.get("uuid"), 96),
-                "name": short_text(device.get("name"), 255),
+                "uuid": label(device.get("uuid"), 96),
+                "name": label(device.get("name"), 200),
                 "memory_total_bytes": whole_number(device.get("memory_total_bytes")),
             }
             for device in devices[:MAX_WORKER_DEVICES]
@@ -2551,16 +2569,15 @@ class RuntimeWorkerWatch:
         """Ask the worker who it is; True when what the inventory says of it changed."""
         before = (self.compatible, self.inventory_fields())
         try:
-            info = self.client.info()
+            facts = worker_facts(self.client.info())
         except WorkerError as error:
             self.forget(error.reason)
         else:
-            self.take(info)
+            self.take(facts)
         return (self.compatible, self.inventory_fields()) != before
 
-    def take(self, info: dict[str, object]) -> None:
+    def take(self, facts: dict[str, object]) -> None:
         """A worker answered: compatible when it speaks a protocol version this agent speaks."""
-        facts = worker_facts(info)
         protocol = facts["protocol_version"]
         self.facts, self.compatible = facts, protocol in WORKER_PROTOCOLS and isinstance(protocol, int)
         if self.compatible:
@@ -2588,7 +2605,7 @@ class RuntimeWorkerWatch:
 
     def forget(self, reason: str) -> None:
         """No worker answers (or a job found it gone): runtime jobs are not advertised until one does."""
-        self.facts, self.compatible, self.problem = None, False, reason
+        self.facts, self.compatible, self.problem = None, False, reason[:500]
         # Said once when it goes (or at start-up), not again for each new way of not answering.
         if self.said is None:
             self.say(("absent",), logging.INFO, "no runtime worker: %s; runtime jobs are not advertised", reason)
