@@ -1,16 +1,20 @@
 """Release manifests: what a release's images are, so a node can check the one it loaded (D5, C4).
 
-A release ships its images as one `docker image save` bundle, a `manifest.json` and a
-`SHA256SUMS` over both. For each image the manifest records what survives `docker image load`
-unchanged: the tag, the architecture and OS, the RootFS layer digests, what the image runs
-(entrypoint, cmd, env, user, working directory, volumes, exposed ports) and the OCI labels. The
-build host's image ID is recorded for reference only; Docker may rewrite it on load, so nothing
-compares it. The console's enrol wizard reads one `images.<name>` entry pasted by the admin and
-turns it into checks in the start command (app/console/commands.py).
+A release ships its images (the node agent, the runtime worker's GPU and CPU images, the control
+plane) as one `docker image save` bundle, a `manifest.json` and a `SHA256SUMS` over both. For each
+image the manifest records what survives `docker image load` unchanged: the tag, the architecture
+and OS, the RootFS layer digests, what the image runs (entrypoint, cmd, env, user, working
+directory, volumes, exposed ports) and the OCI labels. The build host's image ID is recorded for
+reference only; Docker may rewrite it on load, so nothing compares it. The console's enrol wizard
+reads the `images.modelforge-node-agent` entry pasted by the admin and turns it into checks in the
+start command (app/console/commands.py); pasted as a whole manifest, its runtime worker entries are
+checked the same way by the worker's start command.
 
     python deploy/release_manifest.py build --version 1.3.0-rc.1 --out dist \\
-        modelforge-node-agent:1.3.0-rc.1 modelforge-control-plane:1.3.0-rc.1
+        modelforge-node-agent:1.3.0-rc.1 modelforge-runtime-worker:1.3.0-rc.1 \\
+        modelforge-runtime-worker-cpu:1.3.0-rc.1 modelforge-control-plane:1.3.0-rc.1
     python deploy/release_manifest.py verify --manifest dist/manifest.json modelforge-node-agent
+    python deploy/release_manifest.py verify --manifest dist/manifest.json modelforge-runtime-worker
 
 Standard library only, no Flask: it runs on a release host and on a node alike.
 """
@@ -33,6 +37,10 @@ else:  # loaded by path (deploy/app_modules.py), where Flask and so the `app` pa
 
 SCHEMA = "modelforge-release-manifest/1"
 NODE_AGENT = "modelforge-node-agent"
+# W1-W3: the runtime worker's two images, built from deploy/Dockerfile.runtime-worker{,-cpu}.
+RUNTIME_WORKER = "modelforge-runtime-worker"
+RUNTIME_WORKER_CPU = "modelforge-runtime-worker-cpu"
+RUNTIME_WORKERS = (RUNTIME_WORKER, RUNTIME_WORKER_CPU)
 MANIFEST_NAME = "manifest.json"
 SUMS_NAME = "SHA256SUMS"
 MAX_PASTE_BYTES = 64 * 1024
@@ -176,6 +184,21 @@ def parse_pasted(text: str, name: str = NODE_AGENT) -> ImageRecord:
             raise ValueError(f"the manifest has no images.{name}")
         document = images[name]
     return record_from_json(document, name)
+
+
+def pasted_workers(text: str) -> tuple[ImageRecord, ...]:
+    """The runtime worker entries of a pasted whole manifest, each checked as the agent's (W3, D5).
+
+    A pasted single entry has none. ValueError names a worker entry that is present but wrong.
+    """
+    try:
+        document = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return ()  # parse_pasted, which reads the same text first, says what is wrong with it
+    images = document.get("images") if isinstance(document, dict) else None
+    if not isinstance(images, dict):
+        return ()
+    return tuple(record_from_json(images[name], name) for name in RUNTIME_WORKERS if name in images)
 
 
 def record_from_inspect(inspected: dict, tag: str) -> ImageRecord:
