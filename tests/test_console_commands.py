@@ -1,4 +1,4 @@
-"""The wizard's .env and Bash snippets (C4, I3, I5, P2), run for real with bash and shellcheck.
+"""The wizard's .env and Bash snippets (C4, I3, I5, P2, W3), run for real with bash and shellcheck.
 
 A stand-in `docker` earlier on PATH records its argv and, for each `--env-file`, the file's path,
 mode and contents (the only way to see the secret file, which is gone by the time bash returns).
@@ -28,12 +28,19 @@ from hypothesis import strategies as st
 
 from app.console.commands import (
     COMPOSE_FILE,
+    LOCAL_BUILD,
+    WORKER_COMPOSE_FILE,
+    WORKER_CPU,
+    WORKER_CPU_COMPOSE_FILE,
+    WORKER_GPU,
     AgentEnv,
     env_file,
     env_value_error,
+    pinned_image,
     recreate_command,
     replace_credential_command,
     start_command,
+    worker_start_command,
 )
 from modelforge_node_agent import State
 from tests.compose_dotenv import read_compose_dotenv
@@ -56,6 +63,7 @@ entry = {
     "env_files": [],
     "token_env": os.environ.get("MODELFORGE_AGENT_ENROLLMENT_TOKEN"),
     "state_volume_env": os.environ.get("MODELFORGE_AGENT_STATE_VOLUME"),
+    "image_env": {name: value for name, value in os.environ.items() if name.endswith("_IMAGE")},
     "watched": None,
 }
 for flag, value in zip(args, args[1:]):
@@ -106,7 +114,8 @@ class Node:
         self.chown_log = root / "chown.log"
         for directory in (self.deploy, self.bin, self.tmpdir):
             directory.mkdir()
-        shutil.copyfile(PROJECT_ROOT / "deploy" / COMPOSE_FILE, self.deploy / COMPOSE_FILE)
+        for name in (COMPOSE_FILE, WORKER_COMPOSE_FILE, WORKER_CPU_COMPOSE_FILE):
+            shutil.copyfile(PROJECT_ROOT / "deploy" / name, self.deploy / name)
         self.write_env(AgentEnv(control_plane_url=URL, display_name="Bob's GPU box"))
         _install(self.bin / "docker", FAKE_DOCKER)
 
@@ -176,7 +185,16 @@ def shellcheck(snippet: str, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True, text=True, timeout=TIMEOUT)
 
 
-@pytest.mark.parametrize("command", [start_command, recreate_command, replace_credential_command])
+@pytest.mark.parametrize(
+    "command",
+    [
+        start_command,
+        recreate_command,
+        replace_credential_command,
+        worker_start_command,
+        lambda: worker_start_command(LOCAL_BUILD, WORKER_CPU),
+    ],
+)
 def test_every_snippet_passes_shellcheck(command, tmp_path):
     """C4: what the admin pastes has no shellcheck findings, and disables none."""
     snippet = command()
@@ -241,7 +259,7 @@ def test_start_records_the_nodes_own_host_name_once(node):
     assert node.run(start_command(), f"{TOKEN}\n").returncode == 0
     lines = env_path.read_text().splitlines()
     assert f"MODELFORGE_AGENT_HOSTNAME={os.uname().nodename}" in lines
-    assert lines[-2].startswith("MODELFORGE_AGENT_QUARANTINE_VOLUME=")  # appended on a line of its own
+    assert lines[-2].startswith("MODELFORGE_RUNTIME_WORKER_CPU_IMAGE=")  # appended on a line of its own
     assert node.run(start_command(), f"{TOKEN}\n").returncode == 0
     assert env_path.read_text().count("MODELFORGE_AGENT_HOSTNAME=") == 2  # the commented hint + one value
     env_path.write_text(env_path.read_text().replace(os.uname().nodename, "tower"))
@@ -460,6 +478,60 @@ def test_recreate_uses_only_env_and_drops_the_token(node):
     assert "ENROLLMENT_TOKEN=" not in recreate_command()
 
 
+# --------------------------------------------------------------------------- runtime worker (W3)
+
+PINNED_AGENT = pinned_image("registry.lan/modelforge-node-agent:1.3.0@sha256:" + "a" * 64)
+PINNED_WORKER = "registry.lan/modelforge-runtime-worker:1.3.0@sha256:" + "b" * 64
+
+
+@pytest.mark.parametrize(
+    ("image", "files"),
+    [
+        (WORKER_GPU, [COMPOSE_FILE, WORKER_COMPOSE_FILE]),
+        (WORKER_CPU, [COMPOSE_FILE, WORKER_COMPOSE_FILE, WORKER_CPU_COMPOSE_FILE]),
+    ],
+    ids=["gpu", "cpu"],
+)
+def test_worker_start_recreates_the_agent_with_the_overlays_and_no_token(node, image, files):
+    """W3: both services from .env and the overlay files; a token still exported never reaches them."""
+    result = node.run(worker_start_command(LOCAL_BUILD, image), "", MODELFORGE_AGENT_ENROLLMENT_TOKEN=TOKEN)
+    assert result.returncode == 0, output(result)
+    up, ps = node.calls()
+    options = ["compose", "--env-file", ".env", *(part for name in files for part in ("-f", name))]
+    assert up["argv"] == [*options, "up", "-d", "node-agent", "runtime-worker"]  # builds a local image if missing
+    assert ps["argv"] == [*options, "ps", "runtime-worker"]
+    assert up["token_env"] is None and ps["token_env"] is None
+    assert [entry["path"] for entry in up["env_files"]] == [str(node.deploy / ".env")]
+    assert "logs runtime-worker" in result.stderr
+
+
+@pytest.mark.parametrize("missing", [".env", WORKER_COMPOSE_FILE, WORKER_CPU_COMPOSE_FILE])
+def test_worker_start_needs_env_and_every_compose_file_here(node, missing):
+    (node.deploy / missing).unlink()
+    result = node.run(worker_start_command(LOCAL_BUILD, WORKER_CPU))
+    assert result.returncode == 1 and f"no {missing} in {node.deploy}" in result.stderr
+    assert node.calls() == []
+
+
+def test_a_pinned_agents_worker_must_be_named_in_env_and_is_never_built(node):
+    """D5: without a checked release entry the worker image is the one .env pins, never a build."""
+    node.write_env(AgentEnv(control_plane_url=URL, display_name="x", image=PINNED_AGENT.reference, worker_image=None))
+    command = worker_start_command(PINNED_AGENT, WORKER_GPU)
+    refused = node.run(command)
+    assert refused.returncode == 1 and "set MODELFORGE_RUNTIME_WORKER_IMAGE in .env" in refused.stderr
+    assert node.calls() == []
+
+    node.write_env(
+        AgentEnv(control_plane_url=URL, display_name="x", image=PINNED_AGENT.reference, worker_image=PINNED_WORKER)
+    )
+    shell = {"MODELFORGE_RUNTIME_WORKER_IMAGE": "modelforge-runtime-worker:other", "MODELFORGE_NODE_AGENT_IMAGE": "x:1"}
+    started = node.run(command, "", **shell)
+    assert started.returncode == 0, output(started)
+    up, _ps = node.calls()
+    assert up["argv"][-4:] == ["-d", "--no-build", "node-agent", "runtime-worker"]
+    assert up["image_env"] == {}  # exported images dropped: .env decides what runs
+
+
 # --------------------------------------------------------------------------- replace credential
 
 
@@ -620,6 +692,8 @@ def test_env_file_holds_only_non_secret_settings(tmp_path):
         "MODELFORGE_AGENT_HF_CACHE_VOLUME": "/mnt/user/appdata/modelforge-node-agent/hf-cache",
         "MODELFORGE_AGENT_ARTIFACT_VOLUME": "/mnt/user/appdata/modelforge-node-agent/artifacts",
         "MODELFORGE_AGENT_QUARANTINE_VOLUME": "/mnt/user/appdata/modelforge-node-agent/quarantine",
+        "MODELFORGE_RUNTIME_WORKER_IMAGE": "modelforge-runtime-worker:local",
+        "MODELFORGE_RUNTIME_WORKER_CPU_IMAGE": "modelforge-runtime-worker-cpu:local",
     }
     assert read_compose_dotenv(text) == expected
     assert read_python_dotenv(text, tmp_path) == expected

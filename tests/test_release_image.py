@@ -1,4 +1,4 @@
-"""Release manifests and the wizard's release-image check, against a real podman image (D5, C4).
+"""Release manifests and the wizard's release-image checks, against real podman images (D5, C4, W3).
 
 A tiny image (`FROM scratch`, two layers, OCI labels, one label full of shell syntax) is built
 with podman. `deploy/release_manifest.py` runs under the system Python (no Flask) to write its
@@ -23,14 +23,36 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from app.console.commands import COMPOSE_FILE, AgentEnv, env_file, recreate_command, release_image, start_command
-from app.release_manifest import NODE_AGENT, differences, parse_pasted, record_from_json, sums_text
+from app.console.commands import (
+    COMPOSE_FILE,
+    WORKER_COMPOSE_FILE,
+    WORKER_CPU,
+    WORKER_GPU,
+    AgentEnv,
+    ImageSource,
+    env_file,
+    recreate_command,
+    release_image,
+    start_command,
+    worker_start_command,
+)
+from app.release_manifest import (
+    NODE_AGENT,
+    RUNTIME_WORKER,
+    RUNTIME_WORKER_CPU,
+    differences,
+    parse_pasted,
+    pasted_workers,
+    record_from_json,
+    sums_text,
+)
 from tests.support import PROJECT_ROOT
 
 VERSION = "9.9.9-test"
 TAG = f"{NODE_AGENT}:{VERSION}"
 OTHER = "modelforge-other-image:1"
 DERIVED = f"{NODE_AGENT}:9.9.9-derived"
+WORKER_TAG = f"{RUNTIME_WORKER}:{VERSION}"
 TOKEN = "mfe_" + "r" * 43
 HOSTILE = 'it\'s $(touch pwned) `id` "q" end'
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -58,7 +80,8 @@ state = os.environ["FAKE_DOCKER_STATE"]
 with open(os.path.join(state, "calls.jsonl"), "a", encoding="utf-8") as log:
     log.write(json.dumps({"argv": args, "image_env": os.environ.get("MODELFORGE_NODE_AGENT_IMAGE")}) + "\\n")
 if args[0] == "compose" and "up" in args:
-    image = os.environ.get("FAKE_RUNNING_IMAGE") or os.environ["MODELFORGE_NODE_AGENT_IMAGE"]
+    variable = "MODELFORGE_RUNTIME_WORKER_IMAGE" if "runtime-worker" in args else "MODELFORGE_NODE_AGENT_IMAGE"
+    image = os.environ.get("FAKE_RUNNING_IMAGE") or os.environ[variable]
     created = subprocess.run([*engine, "create", image, "/hello"], capture_output=True, text=True, check=True)
     with open(os.path.join(state, "container"), "w", encoding="utf-8") as container:
         container.write(created.stdout.strip())
@@ -88,6 +111,10 @@ def release(tmp_path_factory):
     (context / "third").write_text("another image\n")
     (context / "Containerfile").write_text(CONTAINERFILE + "COPY third /third\n")
     podman("build", "-q", "-t", OTHER, "-t", f"docker.io/library/{OTHER}", str(context))
+    # W3: the runtime worker's image of the same release (one more layer of its own).
+    (context / "worker").write_text("the runtime worker\n")
+    (context / "Containerfile").write_text(CONTAINERFILE + "COPY worker /worker\n")
+    podman("build", "-q", "-t", WORKER_TAG, "-t", f"docker.io/library/{WORKER_TAG}", str(context))
     # FROM the release, changing only what runs: no new layer, every label inherited.
     derived = f'FROM localhost/{TAG}\nENTRYPOINT ["/evil"]\nUSER 0\nENV LD_PRELOAD=/x.so\n'
     (context / "Containerfile").write_text(derived)
@@ -96,12 +123,12 @@ def release(tmp_path_factory):
     out = tmp_path_factory.mktemp("release")
     built = subprocess.run(
         [SYSTEM_PYTHON, "deploy/release_manifest.py", "--engine", "podman", "build", "--version", VERSION,
-         "--out", str(out), TAG],
+         "--out", str(out), TAG, WORKER_TAG],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
     yield out
-    ours = [TAG, OTHER, DERIVED]
+    ours = [TAG, OTHER, DERIVED, WORKER_TAG]
     for image in ours:  # only the containers the stand-in created from these images
         created = podman("ps", "-a", "-q", "--filter", f"ancestor={image}", check=False).stdout.split()
         if created:
@@ -134,7 +161,7 @@ def engine(request, release) -> dict[str, str]:
     if request.param == "podman":
         return {"FAKE_DOCKER_ENGINE": "podman"}
     docker, host = request.getfixturevalue("docker_api")
-    for tag in (TAG, OTHER, DERIVED):  # a test that loads the bundle again may have dropped this name
+    for tag in (TAG, OTHER, DERIVED, WORKER_TAG):  # a test that loads the bundle again may have dropped this name
         podman("tag", tag, f"docker.io/library/{tag}", check=False)
     return {"FAKE_DOCKER_ENGINE": docker, "DOCKER_HOST": host}
 
@@ -424,3 +451,79 @@ def test_values_that_look_like_template_markers_are_written_as_they_are():
     snippet = start_command(release_image(record))
     assert "x__COMPOSE__y" in snippet and f"image={NODE_AGENT}:1__BUNDLE__" in snippet
     assert "modelforge-1__BUNDLE__-images.tar" in snippet
+
+
+# --------------------------------------------------------------------------- the runtime worker (W3)
+
+
+def test_the_manifest_records_the_worker_image_and_verifies_it_by_name(release):
+    manifest = json.loads((release / "manifest.json").read_text())
+    assert set(manifest["images"]) == {NODE_AGENT, RUNTIME_WORKER}
+    checked = subprocess.run(
+        [SYSTEM_PYTHON, str(PROJECT_ROOT / "deploy/release_manifest.py"), "--engine", "podman", "verify",
+         "--manifest", str(release / "manifest.json"), RUNTIME_WORKER],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+    assert f"{RUNTIME_WORKER} matches" in checked.stdout
+
+
+def test_worker_entries_come_only_from_a_whole_pasted_manifest():
+    worker = {**GOOD, "tag": f"{RUNTIME_WORKER_CPU}:1.3.0-rc.1"}
+    whole = json.dumps({"images": {NODE_AGENT: GOOD, RUNTIME_WORKER_CPU: worker}})
+    (record,) = pasted_workers(whole)
+    assert record.tag == worker["tag"]
+    assert pasted_workers(json.dumps(GOOD)) == () and pasted_workers("{") == ()
+    # The same rules as the agent's entry: a wrong worker entry is refused, not ignored.
+    for bad, said in [({**worker, "tag": f"{RUNTIME_WORKER_CPU}:latest"}, "release version"),
+                      ({**worker, "tag": f"{NODE_AGENT}:1.3.0-rc.1"}, "must name the modelforge-runtime-worker-cpu"),
+                      ({**worker, "rootfs_layers": []}, "rootfs_layers")]:  # fmt: skip
+        with pytest.raises(ValueError, match=said):
+            pasted_workers(json.dumps({"images": {NODE_AGENT: GOOD, RUNTIME_WORKER_CPU: bad}}))
+    # Kept with the enrolment, so the progress page gives the same command later.
+    source = release_image(parse_pasted(whole), (record,))
+    assert ImageSource.from_json(json.loads(json.dumps(source.to_json()))) == source
+    assert source.worker_image(WORKER_CPU) == worker["tag"] and source.worker_image(WORKER_GPU) is None
+    with pytest.raises(ValueError, match="not a runtime worker image of release 1.3.0-rc.1"):
+        release_image(
+            parse_pasted(whole), (record_from_json({**worker, "tag": f"{RUNTIME_WORKER_CPU}:2"}, RUNTIME_WORKER_CPU),)
+        )
+
+
+class WorkerNode(ReleaseNode):
+    """ReleaseNode with the worker overlay beside the node-agent file."""
+
+    def __init__(self, root: Path, source: ImageSource, engine: dict[str, str]) -> None:
+        super().__init__(root, source.release, engine)
+        self.source = source
+        shutil.copyfile(PROJECT_ROOT / "deploy" / WORKER_COMPOSE_FILE, self.deploy / WORKER_COMPOSE_FILE)
+
+
+def test_the_worker_start_command_starts_the_checked_worker_image(release, engine, tmp_path):
+    manifest = (release / "manifest.json").read_text()
+    source = release_image(parse_pasted(manifest), pasted_workers(manifest))
+    node = WorkerNode(tmp_path, source, engine)
+    result = node.run(worker_start_command(source, WORKER_GPU))
+    assert result.returncode == 0, result.stderr
+    up, ps, start, status = node.calls()
+    assert up["argv"][-7:] == ["up", "--no-start", "--no-build", "--pull", "never", "node-agent", "runtime-worker"]
+    assert ps["argv"][-4:] == ["ps", "-a", "-q", "runtime-worker"]
+    assert start["argv"][-3:] == ["start", "node-agent", "runtime-worker"]
+    assert status["argv"][-2:] == ["ps", "runtime-worker"]
+    assert "Paste" not in result.stderr  # no secret is asked for
+
+
+def test_the_worker_start_command_refuses_a_worker_image_that_is_not_the_release(release, engine, tmp_path):
+    manifest = (release / "manifest.json").read_text()
+    (worker,) = pasted_workers(manifest)
+    changed = record_from_json(tampered(worker.to_json(), "layer"), RUNTIME_WORKER)
+    source = release_image(parse_pasted(manifest), (changed,))
+    node = WorkerNode(tmp_path, source, engine)
+    result = node.run(worker_start_command(source, WORKER_GPU))
+    assert result.returncode == 1 and "RootFS layers: expected" in result.stderr
+    assert node.calls() == []
+
+    honest = release_image(parse_pasted(manifest), (worker,))
+    swapped = node.run(worker_start_command(honest, WORKER_GPU), FAKE_RUNNING_IMAGE=OTHER)
+    assert swapped.returncode == 1 and "removed before it started" in swapped.stderr
+    assert not any("start" in call["argv"] for call in node.calls())

@@ -3,9 +3,10 @@
 tests/data/snippets/ holds what every public generator of app/console/commands.py wrote for a fixed
 set of inputs: each image mode (a release bundle whose pasted entry carries `$`, quotes, backquotes,
 backslashes, unicode and template-marker look-alikes; a digest-pinned registry image; a local
-build), the credential snippet and the .env. A change to how the text is built must leave it as it
-was; a change meant to alter it regenerates the files with `python -m tests.test_snippets` and shows
-the difference in the commit.
+build), the credential snippet, the .env, and the runtime worker's start commands (GPU and CPU
+images, W3) for each mode, with and without the worker's release entries. A change to how the
+text is built must leave it as it was; a change meant to alter it regenerates the files with
+`python -m tests.test_snippets` and shows the difference in the commit.
 
 Every .sh template under app/console/snippets/, read as a file, and every generated snippet pass
 shellcheck.
@@ -23,6 +24,8 @@ import pytest
 
 from app.console.commands import (
     LOCAL_BUILD,
+    WORKER_CPU,
+    WORKER_GPU,
     AgentEnv,
     env_file,
     pinned_image,
@@ -30,8 +33,9 @@ from app.console.commands import (
     release_image,
     replace_credential_command,
     start_command,
+    worker_start_command,
 )
-from app.release_manifest import NODE_AGENT, record_from_json
+from app.release_manifest import NODE_AGENT, RUNTIME_WORKER, RUNTIME_WORKER_CPU, record_from_json
 from tests.support import PROJECT_ROOT
 
 GOLDEN = Path(__file__).parent / "data" / "snippets"
@@ -41,31 +45,35 @@ URL = "https://mf.lan:8000"
 # Every kind of text a pasted manifest entry may carry into the start command (D5): shell syntax,
 # quotes, backquotes, backslashes, unicode, an empty list item, and markers of both placeholder
 # styles (today's __NAME__ and the @@NAME@@ of .sh templates), which must be written as they are.
-HOSTILE_RELEASE = record_from_json(
-    {
-        "tag": f"{NODE_AGENT}:1.3.0-rc.1",
-        "architecture": "amd64",
-        "os": "linux",
-        "rootfs_layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64, "sha256:" + "c" * 64],
-        "labels": {
-            "org.opencontainers.image.version": "1.3.0-rc.1",
-            "org.example.hostile": 'it\'s $(touch pwned) `id` "q" end',
-            "org.example.unicode": "Büro-GPU ☃ — naïve",
-            "org.example.backslash": "back\\slash $HOME \\x24 \\n ${x}",
-            "org.example.trailing": "ends in a backslash $\\",
-            "org.example.markers": "__COMPOSE__ @@COMPOSE@@ @@EXPECTATIONS@@ {{.Id}} __IMAGE__",
-        },
-        "config": {
-            "entrypoint": ["/usr/bin/python3", "-m", "modelforge_node_agent"],
-            "cmd": ["--verbose", "it's $HOME", ""],
-            "env": ["PATH=/usr/local/bin:/usr/bin", 'GREETING=héllo `x` "$y"'],
-            "volumes": ["/state", "/hf cache"],
-            "exposed_ports": ["8080/tcp"],
-            "user": "65532:65532",
-            "working_dir": "/srv/it's here",
-        },
-        "image_id": "sha256:" + "d" * 64,
-    }
+HOSTILE_ENTRY = {
+    "tag": f"{NODE_AGENT}:1.3.0-rc.1",
+    "architecture": "amd64",
+    "os": "linux",
+    "rootfs_layers": ["sha256:" + "a" * 64, "sha256:" + "b" * 64, "sha256:" + "c" * 64],
+    "labels": {
+        "org.opencontainers.image.version": "1.3.0-rc.1",
+        "org.example.hostile": 'it\'s $(touch pwned) `id` "q" end',
+        "org.example.unicode": "Büro-GPU ☃ — naïve",
+        "org.example.backslash": "back\\slash $HOME \\x24 \\n ${x}",
+        "org.example.trailing": "ends in a backslash $\\",
+        "org.example.markers": "__COMPOSE__ @@COMPOSE@@ @@EXPECTATIONS@@ {{.Id}} __IMAGE__",
+    },
+    "config": {
+        "entrypoint": ["/usr/bin/python3", "-m", "modelforge_node_agent"],
+        "cmd": ["--verbose", "it's $HOME", ""],
+        "env": ["PATH=/usr/local/bin:/usr/bin", 'GREETING=héllo `x` "$y"'],
+        "volumes": ["/state", "/hf cache"],
+        "exposed_ports": ["8080/tcp"],
+        "user": "65532:65532",
+        "working_dir": "/srv/it's here",
+    },
+    "image_id": "sha256:" + "d" * 64,
+}
+HOSTILE_RELEASE = record_from_json(HOSTILE_ENTRY)
+# W3: the worker's entries of the same manifest, as hostile as the agent's.
+HOSTILE_WORKERS = tuple(
+    record_from_json({**HOSTILE_ENTRY, "tag": f"{name}:1.3.0-rc.1"}, name)
+    for name in (RUNTIME_WORKER, RUNTIME_WORKER_CPU)
 )
 # The least an entry can hold, and a tag that looks like a marker.
 MINIMAL_RELEASE = record_from_json(
@@ -93,7 +101,7 @@ SOURCES = {
     "local": LOCAL_BUILD,
     "digest": PINNED,
     "digest-untagged": PINNED_UNTAGGED,
-    "release-hostile": release_image(HOSTILE_RELEASE),
+    "release-hostile": release_image(HOSTILE_RELEASE, HOSTILE_WORKERS),
     "release-minimal": release_image(MINIMAL_RELEASE),
 }
 
@@ -115,12 +123,31 @@ CASES: dict[str, Callable[[], str]] = {
         )
     ),
     "env-release": lambda: env_file(
-        AgentEnv(control_plane_url=URL, display_name="rack", accelerator_mode="auto", image=HOSTILE_RELEASE.tag)
+        AgentEnv(
+            control_plane_url=URL,
+            display_name="rack",
+            accelerator_mode="auto",
+            image=HOSTILE_RELEASE.tag,
+            worker_image=SOURCES["release-hostile"].worker_image(WORKER_GPU),
+            worker_cpu_image=SOURCES["release-hostile"].worker_image(WORKER_CPU),
+        )
+    ),
+    "env-release-without-workers": lambda: env_file(
+        AgentEnv(
+            control_plane_url=URL,
+            display_name="rack",
+            image=MINIMAL_RELEASE.tag,
+            worker_image=SOURCES["release-minimal"].worker_image(WORKER_GPU),
+            worker_cpu_image=SOURCES["release-minimal"].worker_image(WORKER_CPU),
+        )
     ),
 }
 for _mode, _source in SOURCES.items():
     CASES[f"start-{_mode}"] = lambda source=_source: start_command(source)
     CASES[f"recreate-{_mode}"] = lambda source=_source: recreate_command(source)
+    for _image in (WORKER_GPU, WORKER_CPU):
+        _suffix = "" if _image is WORKER_GPU else "-cpu"
+        CASES[f"worker{_suffix}-{_mode}"] = lambda source=_source, image=_image: worker_start_command(source, image)
 
 
 def golden_path(name: str) -> Path:

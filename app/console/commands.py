@@ -15,11 +15,53 @@ from importlib.resources import files
 from urllib.parse import urlsplit
 
 from app import rules
-from app.release_manifest import NODE_AGENT, ImageRecord, record_from_json
+from app.release_manifest import (
+    NODE_AGENT,
+    RUNTIME_WORKER,
+    RUNTIME_WORKER_CPU,
+    RUNTIME_WORKERS,
+    ImageRecord,
+    record_from_json,
+)
 
 COMPOSE_FILE = "docker-compose.node-agent.yml"
 ACCELERATOR_MODES = ("nvidia", "cpu", "auto")
 LOCAL_IMAGE = f"{NODE_AGENT}:local"
+# W3: the runtime worker's overlays, added to COMPOSE_FILE with -f; the CPU one after the GPU one.
+WORKER_COMPOSE_FILE = "docker-compose.runtime-worker.yml"
+WORKER_CPU_COMPOSE_FILE = "docker-compose.runtime-worker.cpu.yml"
+
+
+@dataclass(frozen=True)
+class WorkerImage:
+    """One of the runtime worker's two images: its release name, Compose files and image variable."""
+
+    name: str
+    which: str  # as the start command's comment says it
+    compose_files: tuple[str, ...]
+    variable: str
+    heading: str  # the wizard's
+
+    @property
+    def local_image(self) -> str:
+        return f"{self.name}:local"
+
+
+WORKER_GPU = WorkerImage(
+    RUNTIME_WORKER,
+    "GPU image",
+    (COMPOSE_FILE, WORKER_COMPOSE_FILE),
+    "MODELFORGE_RUNTIME_WORKER_IMAGE",
+    "On a node with an NVIDIA GPU",
+)
+WORKER_CPU = WorkerImage(
+    RUNTIME_WORKER_CPU,
+    "CPU image, no NVIDIA GPU",
+    (COMPOSE_FILE, WORKER_COMPOSE_FILE, WORKER_CPU_COMPOSE_FILE),
+    "MODELFORGE_RUNTIME_WORKER_CPU_IMAGE",
+    "On a node without one (the CPU image; the agent needs MODELFORGE_AGENT_ACCELERATOR_MODE=cpu)",
+)
+WORKER_IMAGES = (WORKER_GPU, WORKER_CPU)
 
 
 # registry[:port]/path/name@sha256:<digest>, lower case as the distribution spec writes names.
@@ -33,17 +75,34 @@ class ImageSource:
         starts. Never pulled or built.
     digest: a registry image pinned by @sha256 digest; pulled if missing, never built.
     local: built from this checkout's Dockerfile (development).
+
+    workers: for a release, the runtime worker entries of the pasted manifest (W3), which the
+        worker's start command checks the same way; none when only the agent's entry was pasted.
     """
 
     kind: str
     reference: str
     release: ImageRecord | None = None
+    workers: tuple[ImageRecord, ...] = ()
+
+    def worker(self, image: WorkerImage) -> ImageRecord | None:
+        """The release entry of that worker image, when the admin pasted one."""
+        return next((record for record in self.workers if record.name == image.name), None)
+
+    def worker_image(self, image: WorkerImage) -> str | None:
+        """What .env names for that worker image, or None when only the admin can say (W3, D5)."""
+        if self.kind == "local":
+            return image.local_image
+        record = self.worker(image)
+        return record.tag if record is not None else None
 
     def to_json(self) -> dict[str, object]:
         """What the enrolment keeps, so later steps give the same commands."""
         stored: dict[str, object] = {"kind": self.kind, "reference": self.reference}
         if self.release is not None:
             stored["release"] = self.release.to_json()
+        if self.workers:
+            stored["workers"] = [record.to_json() for record in self.workers]
         return stored
 
     @classmethod
@@ -51,7 +110,8 @@ class ImageSource:
         if not stored:
             return LOCAL_BUILD
         if stored.get("kind") == "release":
-            return release_image(record_from_json(stored["release"]))
+            workers = tuple(_stored_worker(entry) for entry in stored.get("workers") or ())
+            return release_image(record_from_json(stored["release"]), workers)
         if stored.get("kind") == "digest":
             return pinned_image(stored["reference"])
         return LOCAL_BUILD
@@ -60,8 +120,19 @@ class ImageSource:
 LOCAL_BUILD = ImageSource("local", LOCAL_IMAGE)
 
 
-def release_image(record: ImageRecord) -> ImageSource:
-    return ImageSource("release", record.tag, record)
+def _stored_worker(entry: dict) -> ImageRecord:
+    name = str(entry.get("tag", "")).rsplit(":", 1)[0]
+    if name not in RUNTIME_WORKERS:
+        raise ValueError(f"a stored worker entry names {name!r}, not one of {', '.join(RUNTIME_WORKERS)}")
+    return record_from_json(entry, name)
+
+
+def release_image(record: ImageRecord, workers: tuple[ImageRecord, ...] = ()) -> ImageSource:
+    """A release bundle: the agent's manifest entry, and the worker entries pasted with it (W3)."""
+    for worker in workers:
+        if worker.name not in RUNTIME_WORKERS or worker.version != record.version:
+            raise ValueError(f"{worker.tag} is not a runtime worker image of release {record.version}")
+    return ImageSource("release", record.tag, record, tuple(workers))
 
 
 def pinned_image(reference: str) -> ImageSource:
@@ -84,6 +155,9 @@ class AgentEnv:
     display_name: str
     accelerator_mode: str = "nvidia"  # nvidia|cpu|auto (N1)
     image: str = LOCAL_IMAGE
+    # W3: the runtime worker's two images; None leaves the line commented out for the admin to fill.
+    worker_image: str | None = WORKER_GPU.local_image
+    worker_cpu_image: str | None = WORKER_CPU.local_image
     state_volume: str = "/mnt/user/appdata/modelforge-node-agent/state"
     hf_cache_volume: str = "/mnt/user/appdata/modelforge-node-agent/hf-cache"
     artifact_volume: str = "/mnt/user/appdata/modelforge-node-agent/artifacts"
@@ -136,6 +210,9 @@ def _check(env: AgentEnv) -> None:
         raise ValueError(f"accelerator_mode must be one of {', '.join(ACCELERATOR_MODES)}")
     if problem := rules.image_reference_problem(env.image):
         raise ValueError(f"image must name a release tag or an @sha256 digest, never latest: {problem}")
+    for name, image in (("worker_image", env.worker_image), ("worker_cpu_image", env.worker_cpu_image)):
+        if image is not None and (problem := rules.image_reference_problem(image)):
+            raise ValueError(f"{name} must name a release tag or an @sha256 digest, never latest: {problem}")
 
 
 def env_file(env: AgentEnv) -> str:
@@ -144,6 +221,9 @@ def env_file(env: AgentEnv) -> str:
 
     def line(name: str, value: str) -> str:
         return f"{name}={_dotenv_value(name, value)}"
+
+    def optional_line(name: str, value: str | None) -> str:
+        return f"#{name}=" if value is None else line(name, value)
 
     lines = [
         "# ModelForge node agent settings from the console's enrol wizard (C4). Save as deploy/.env",
@@ -170,6 +250,11 @@ def env_file(env: AgentEnv) -> str:
         line("MODELFORGE_AGENT_HF_CACHE_VOLUME", env.hf_cache_volume),
         line("MODELFORGE_AGENT_ARTIFACT_VOLUME", env.artifact_volume),
         line("MODELFORGE_AGENT_QUARANTINE_VOLUME", env.quarantine_volume),
+        "# The runtime worker (docker-compose.runtime-worker.yml; the .cpu.yml overlay uses the CPU",
+        "# image): release tags or @sha256 digests, never latest. A line left commented out is",
+        "# yours to fill in before you start the worker.",
+        optional_line(WORKER_GPU.variable, env.worker_image),
+        optional_line(WORKER_CPU.variable, env.worker_cpu_image),
     ]
     return "\n".join(lines) + "\n"
 
@@ -277,18 +362,24 @@ def _config_and_label_expectations(record: ImageRecord) -> str:
     return "".join(lines)
 
 
+def _release_check(record: ImageRecord, variable: str) -> str:
+    """check-release-image.sh for one manifest entry; it exports `variable` naming the image (D5)."""
+    return _fill(
+        "check-release-image.sh",
+        IMAGE=shlex.quote(record.tag),
+        BUNDLE=f"modelforge-{record.version}-images.tar",
+        ARCHITECTURE=record.architecture,  # record_from_json: [a-z0-9_]+, as is OS
+        OS=record.os,
+        LAYERS=" \\\n      ".join(record.rootfs_layers),
+        EXPECTATIONS=_config_and_label_expectations(record),
+        IMAGE_VARIABLE=variable,
+    )
+
+
 def _image_check(source: ImageSource) -> str:
     """What the start command checks about the image before it asks for the token (D5)."""
     if source.release is not None:
-        return _fill(
-            "check-release-image.sh",
-            IMAGE=shlex.quote(source.reference),
-            BUNDLE=f"modelforge-{source.release.version}-images.tar",
-            ARCHITECTURE=source.release.architecture,  # record_from_json: [a-z0-9_]+, as is OS
-            OS=source.release.os,
-            LAYERS=" \\\n      ".join(source.release.rootfs_layers),
-            EXPECTATIONS=_config_and_label_expectations(source.release),
-        )
+        return _release_check(source.release, "MODELFORGE_NODE_AGENT_IMAGE")
     if source.kind == "digest":
         return _fill("use-pinned-image.sh")
     return ""
@@ -332,4 +423,33 @@ def replace_credential_command() -> str:
         PREAMBLE=_preamble(),
         READ_CREDENTIAL=_read_secret("credential", "the new node credential", "a node credential", "mfn_", "changed"),
         COMPOSE=COMPOSE_FILE,
+    )
+
+
+def worker_start_command(source: ImageSource = LOCAL_BUILD, image: WorkerImage = WORKER_GPU) -> str:
+    """The Bash snippet that starts the runtime worker beside the agent with its overlays (W3, D5).
+
+    A release image whose worker entry was pasted with the manifest is checked as the agent's is
+    and must be the image its container is created from; any other release or pinned image must be
+    named in .env, and is never built or pulled against that. A local build builds it if missing.
+    """
+    record = source.worker(image)
+    unset = [] if source.kind == "local" else ["MODELFORGE_NODE_AGENT_IMAGE"]
+    if record is None and source.kind != "local":
+        unset.append(image.variable)
+    return _whole_snippet(
+        "start-worker.sh",
+        WHICH=image.which,
+        FILE_NAMES=" ".join(image.compose_files),
+        FILES="".join(f" -f {name}" for name in image.compose_files),
+        IMAGE_CHECK=_release_check(record, image.variable) if record is not None else "",
+        NEEDS_ENV_IMAGE=(
+            _fill("needs-worker-image.sh", VARIABLE=image.variable) if record is None and source.kind != "local" else ""
+        ),
+        UNSET_IMAGES="".join(f" -u {variable}" for variable in unset),
+        START=(
+            _fill("create-check-start-worker.sh")
+            if record is not None
+            else _fill("up-worker.sh", UP_FLAGS=_UP_FLAGS[source.kind])
+        ),
     )

@@ -1,4 +1,5 @@
-"""The enrol-node wizard (C4, E4, R2): mint, reveal once, start, watch readiness, recreate.
+"""The enrol-node wizard (C4, E4, R2, W3): mint, reveal once, start, watch readiness, recreate,
+then start the runtime worker beside the agent.
 
 The token exists in exactly one place after minting: the HTML of the POST response that
 reveals it. It is never put in the session, a URL, a log or a cacheable response
@@ -12,12 +13,24 @@ from app import enrollment, readiness
 from app.config import current_settings
 from app.console import bp, page_or_partial
 from app.console.auth import login_required
-from app.console.commands import AgentEnv, ImageSource, env_file, recreate_command, start_command
+from app.console.commands import (
+    WORKER_CPU,
+    WORKER_GPU,
+    WORKER_IMAGES,
+    AgentEnv,
+    ImageSource,
+    env_file,
+    recreate_command,
+    release_image,
+    start_command,
+    worker_start_command,
+)
 from app.console.forms import EnrollForm, parse_labels
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.models import EnrollmentState
 from app.public_origin import current_api_origin
+from app.release_manifest import pasted_workers
 from app.timeutil import utcnow
 
 
@@ -48,6 +61,14 @@ def enroll_submit():
         return _wizard("partials/_enroll_form.html", 422, form=form, api_origin=current_api_origin())
     origin = current_api_origin()
     agent_image = form.agent_image()
+    if agent_image.release is not None:
+        # W3, D5: a whole pasted manifest also brings the runtime worker's entries, checked before
+        # anything is minted, so a wrong one never costs a token (P5).
+        try:
+            agent_image = release_image(agent_image.release, pasted_workers(form.release_entry.data))
+        except ValueError as error:
+            form.release_entry.errors.append(f"That is not a release manifest: {error}.")
+            return _wizard("partials/_enroll_form.html", 422, form=form, api_origin=origin)
     minted, token = enrollment.create(
         enrollment.EnrollmentRequest(
             display_name=form.display_name.data.strip(),
@@ -66,6 +87,8 @@ def enroll_submit():
         display_name=minted.display_name,
         accelerator_mode=form.accelerator_mode.data,
         image=agent_image.reference,
+        worker_image=agent_image.worker_image(WORKER_GPU),
+        worker_cpu_image=agent_image.worker_image(WORKER_CPU),
     )
     return _wizard(
         "partials/_enroll_reveal.html",
@@ -87,6 +110,8 @@ def _progress_context(enrollment_id: str) -> dict[str, object]:
         "readiness": readiness.for_enrollment(minted, current_settings()),
         "recreate_command": recreate_command(agent_image),
         "start_command": start_command(agent_image),
+        "worker_commands": [(image, worker_start_command(agent_image, image)) for image in WORKER_IMAGES],
+        "agent_image": agent_image,
         "States": EnrollmentState,
     }
 

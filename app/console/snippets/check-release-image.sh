@@ -1,10 +1,12 @@
-# shellcheck shell=bash disable=SC2034  # $image_id: read by create-check-start.sh
+# shellcheck shell=bash disable=SC2034  # $image_id: read by create-check-start.sh, start-worker.sh
 # D5: before the token is asked for, the loaded image must be the release's: tag, architecture,
 # OS, RootFS layers, what it runs (entrypoint, cmd, env, user, working dir, volumes, ports) and
 # every recorded label (a Go template each, so Docker itself reads them). @@EXPECTATIONS@@ holds
 # one expect_image line for each config setting and label of the pasted manifest entry.
 # The image ID is not compared, since `docker image load` may rewrite it; it is captured instead,
-# and the container must be created from exactly that image (create-check-start.sh).
+# and the container must be created from exactly that image (create-check-start.sh). The same
+# check serves the runtime worker's image (start-worker.sh, W3); @@IMAGE_VARIABLE@@ is the Compose
+# variable that then names the checked image.
 
   image=@@IMAGE@@
   if ! image_id=$(docker image inspect --format '{{.Id}}' "$image" 2>/dev/null); then
@@ -27,4 +29,4 @@
     printf 'modelforge: %s is not the release image in the manifest; nothing was started:\n%s' "$image" "$mismatch" >&2
     exit 1
   fi
-  export MODELFORGE_NODE_AGENT_IMAGE="$image"
+  export @@IMAGE_VARIABLE@@="$image"
