@@ -9,7 +9,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from app import audit, liveness, tokens
-from app.compat import compatibility
+from app.compat import compatibility, worker_compatibility
 from app.config import Settings
 from app.errors import DomainError
 from app.extensions import db
@@ -58,6 +58,20 @@ def _shared_hostnames(among: set[str] | None = None) -> set[str]:
     if among is not None:
         query = query.where(Node.hostname.in_(among))
     return set(db.session.scalars(query))
+
+
+def runtime_worker(lease: NodeLease | None) -> dict[str, object] | None:
+    """W1: the runtime worker as last reported, why none answered, and its compatibility; None if never told."""
+    if lease is None or (lease.runtime_worker is None and lease.runtime_worker_problem is None):
+        return None
+    reported = lease.runtime_worker if isinstance(lease.runtime_worker, dict) else None
+    return {
+        "reported": reported,
+        "problem": lease.runtime_worker_problem,
+        "compatibility": (
+            worker_compatibility(reported.get("protocol_version"), lease.worker_compatibility) if reported else None
+        ),
+    }
 
 
 def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, object]]:
@@ -110,6 +124,7 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
                 "gpus": [gpu.to_dict() for gpu in gpus[node.id]],
                 # J2: the job types the agent advertised in its last inventory.
                 "capabilities": list(lease.capabilities or []) if lease else [],
+                "runtime_worker": runtime_worker(lease),
                 "telemetry": telemetry.get(node.id, []),
                 "eligibility": {
                     "production_eligible": node.production_eligible,

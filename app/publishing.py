@@ -9,10 +9,11 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from app import audit, tokens
+from app.compat import RUNTIME_WORKER, answer_for
 from app.db import begin_read_only, insert_ignoring_duplicates
 from app.errors import DomainError
 from app.extensions import db
-from app.jobs import queue, storage
+from app.jobs import queue, runtime, storage
 from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
 from app.models.telemetry import METRICS
 from app.timeutil import utcnow
@@ -221,14 +222,62 @@ def note_versions(node_id: str, versions: Versions) -> None:
     db.session.commit()
 
 
+@dataclass(frozen=True)
+class WorkerReport:
+    """W1: the runtime worker as the agent found it: its facts, or why none answered."""
+
+    facts: dict[str, object] | None = None
+    problem: str | None = None
+
+    @property
+    def answer(self) -> str | None:
+        """The compatibility answer for the worker's protocol; None while no worker answers."""
+        return None if self.facts is None else answer_for(self.facts.get("protocol_version"), RUNTIME_WORKER)
+
+    @property
+    def version(self) -> str | None:
+        """The worker's version, or None while no worker answers."""
+        return None if self.facts is None else self.facts.get("worker_version")
+
+
+_LEASE_WORKER = sa.select(_leases.c.runtime_worker, _leases.c.worker_compatibility).where(
+    _leases.c.node_id == sa.bindparam("lease_node_id")
+)
+
+
+def _note_worker_change(node_id: str, worker: WorkerReport) -> None:
+    """W1, P4: audit the worker appearing, going, or changing version or answer — once, not every inventory."""
+    before = db.session.connection().execute(_LEASE_WORKER, {"lease_node_id": node_id}).one_or_none()
+    reported = before.runtime_worker if before is not None and isinstance(before.runtime_worker, dict) else {}
+    old = (reported.get("worker_version"), before.worker_compatibility if before is not None else None)
+    new = (worker.version, worker.answer)
+    if old != new:
+        audit.record(
+            audit.agent_actor(node_id),
+            "node.runtime_worker_changed",
+            node_id,
+            old_version=old[0],
+            new_version=new[0],
+            old_answer=old[1],
+            new_answer=new[1],
+            problem=worker.problem,
+        )
+
+
 def record_inventory(
     publisher: Publisher,
     versions: Versions,
     facts: dict[str, object],
     gpus: list[dict[str, object]],
     capabilities: list[str] = (),
+    worker: WorkerReport = WorkerReport(),
 ) -> dict[str, int]:
-    """N4: store the latest inventory, upsert GPUs by UUID, and audit what changed."""
+    """N4: store the latest inventory, upsert GPUs by UUID, and audit what changed.
+
+    W1: the runtime worker's facts and answer go on the lease, and runtime.* capabilities are kept
+    only while that answer is COMPATIBLE, so neither `jobs_waiting` nor a claim ever offers them
+    otherwise — with no extra work on the heartbeat's path.
+    """
     now = utcnow()
     node_id = publisher.node_id
     inventory = db.session.get(NodeInventory, node_id)
@@ -262,9 +311,15 @@ def record_inventory(
     if added or removed:
         audit.record(audit.agent_actor(node_id), "node.gpus_changed", node_id, added=added, removed=removed)
 
+    _note_worker_change(node_id, worker)
     # J2: what it can run, read by every heartbeat for `jobs_waiting`; one UPDATE with the versions.
     db.session.connection().execute(
-        _NOTE_VERSIONS.values(capabilities=sorted(set(capabilities))),
+        _NOTE_VERSIONS.values(
+            capabilities=sorted(set(runtime.runnable(capabilities, worker.answer))),
+            runtime_worker=worker.facts,
+            runtime_worker_problem=worker.problem,
+            worker_compatibility=worker.answer,
+        ),
         {"lease_node_id": node_id, **versions.columns(now)},
     )
     db.session.commit()

@@ -40,6 +40,8 @@ STATUS_BY_CODE = {
     "JOB_FINISHED": 409,
     "JOB_NOT_RETRYABLE": 409,
     "JOB_LEASE_LOST": 409,
+    "ARTIFACT_NOT_FOUND": 404,
+    "ARTIFACT_NOT_ON_NODE": 409,
 }
 
 # The API's code and next step for errors Werkzeug raises before or instead of a view.

@@ -121,7 +121,11 @@ def inventory():
     versions, answer, body, publisher = agent_request(bodies.InventoryRequest)
     gpus = [gpu.model_dump() for gpu in body.inventory.gpus]
     stored_facts = body.inventory.model_dump(exclude={"gpus"}, exclude_unset=True)
-    counts = publishing.record_inventory(publisher, versions, stored_facts, gpus, body.capabilities)
+    worker = publishing.WorkerReport(
+        facts=body.runtime_worker.model_dump() if body.runtime_worker else None,
+        problem=body.runtime_worker_problem,
+    )
+    counts = publishing.record_inventory(publisher, versions, stored_facts, gpus, body.capabilities, worker)
     return _reply(answer, status="accepted", node_id=publisher.node_id, **counts)
 
 

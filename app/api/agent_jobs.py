@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from flask import Response
+from flask import Response, request
 
 from app.api import bodies, bp, json_response
 from app.api.agent import agent_request
 from app.config import current_settings
-from app.jobs import queue
+from app.jobs import queue, runtime
 
 
 def _report(job_id: str, model: type[bodies.Body]) -> tuple[queue.Report, bodies.Body]:
-    request = agent_request(model)
-    return queue.Report(node_id=request.publisher.node_id, job_id=job_id, attempt=request.body.attempt), request.body
+    sent = agent_request(model)
+    return queue.Report(node_id=sent.publisher.node_id, job_id=job_id, attempt=sent.body.attempt), sent.body
 
 
 @bp.post("/agent/jobs/claim")
@@ -38,14 +38,21 @@ def claim_job():
 def job_progress(job_id: str):
     """Progress renews the lease; the reply says whether the operator cancelled the job."""
     report, body = _report(job_id, bodies.ProgressRequest)
-    return json_response(queue.progress(report, body.progress.model_dump(), current_settings()))
+    return json_response(queue.progress(report, body.progress.stored(), current_settings()))
 
 
 @bp.post("/agent/jobs/<job_id>/complete")
 def job_complete(job_id: str):
-    """The attempt succeeded; an acquire's artifact is recorded."""
+    """The attempt succeeded; an acquire's artifact is recorded, a runtime result kept per node and model.
+
+    The result's shape follows the job's type, so it is checked once the fenced job is known: a
+    stale attempt hears 409 first, and a result of the wrong shape is a 400 that changes nothing.
+    """
+    # W2: sixteen outputs of up to 64 KiB each outgrow the general body limit; this route reads more.
+    request.max_content_length = max(current_settings().max_request_bytes, runtime.MAX_COMPLETE_BYTES)
     report, body = _report(job_id, bodies.CompleteRequest)
-    return json_response({"job": queue.complete(report, body.result.model_dump()).to_dict()})
+    result = bodies.result_of(queue.running(report).type, body.result)
+    return json_response({"job": queue.complete(report, result.model_dump()).to_dict()})
 
 
 @bp.post("/agent/jobs/<job_id>/fail")

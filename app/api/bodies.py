@@ -20,6 +20,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
+    RootModel,
     StringConstraints,
     ValidationError,
     WithJsonSchema,
@@ -29,7 +31,7 @@ from pydantic import (
 from app import rules
 from app.api.validation import invalid
 from app.enrollment import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
-from app.jobs import queue
+from app.jobs import queue, runtime
 from app.models.telemetry import METRICS
 from app.timeutil import parse_rfc3339, utcnow
 
@@ -254,11 +256,62 @@ class InventoryFacts(Body):
 Capabilities = Annotated[list[text(64)], Field(max_length=32)]
 
 
+class Engine(Body):
+    """W2: an engine the runtime worker runs models with (llama.cpp, its version, cpu or cuda)."""
+
+    name: text(64)
+    version: optional_text(64) = None
+    backend: optional_text(32) = None
+
+
+class WorkerDevice(Body):
+    """W1: a GPU as the runtime worker sees it."""
+
+    uuid: text(96)
+    name: optional_text(200) = None
+    memory_total_bytes: Bytes | None = None
+
+
+# A1, W1: any whole number or short text is read, so that even a garbage value reaches the control
+# plane and is answered (UNKNOWN) rather than refused with the whole inventory.
+_MAX_WORKER_PROTOCOL_TEXT = 32
+_WorkerProtocolInput = whole(-(2**53), 2**53) | text(_MAX_WORKER_PROTOCOL_TEXT) | None
+
+
+def _worker_protocol_version(value: object) -> int | str | None:
+    """A whole number or a short printable text, as sent; anything else is refused with one message."""
+    value = _whole(value)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2**53):
+        return value
+    if isinstance(value, str) and len(value) <= _MAX_WORKER_PROTOCOL_TEXT and value.strip(" ") and rules.is_text(value):
+        return value
+    raise ValueError(f"must be a whole number, or printable text of at most {_MAX_WORKER_PROTOCOL_TEXT} characters")
+
+
+WorkerProtocolVersion = Annotated[
+    int | str | None,
+    PlainValidator(_worker_protocol_version, json_schema_input_type=_WorkerProtocolInput),
+    Field(json_schema_extra={"examples": [1]}),
+]
+
+
+class RuntimeWorkerFacts(Body):
+    """W1: what the runtime worker said about itself (its GET /v1/info), as the agent relays it."""
+
+    worker_version: text(64)
+    protocol_version: WorkerProtocolVersion
+    engines: Annotated[list[Engine], Field(max_length=8)] = []
+    devices: Annotated[list[WorkerDevice], Field(max_length=MAX_GPUS)] = []
+
+
 class InventoryRequest(Versions):
-    """N4: the agent publishes its inventory, and the job types it can run (J2)."""
+    """N4: the agent publishes its inventory, and the job types it can run (J2); W1: its runtime worker,
+    or why none answered."""
 
     inventory: InventoryFacts
     capabilities: Capabilities = []
+    runtime_worker: RuntimeWorkerFacts | None = None
+    runtime_worker_problem: optional_text(500) = None
 
 
 class Health(Body):
@@ -340,15 +393,84 @@ class AcquireParams(Body):
     ignore_patterns: Patterns = None
 
 
-class JobCreate(Body):
-    """J2: a typed job for one node."""
+ModelFile = Annotated[
+    str,
+    StringConstraints(max_length=rules.MAX_PATH_LENGTH, pattern=rules.RELATIVE_PATH_PATTERN),
+    Field(json_schema_extra={"description": f"The model file, {rules.RELATIVE_PATH_RULE}"}),
+]
+
+
+def bounded(bound: runtime.Bound) -> Any:
+    """A whole-number runtime param within its bounds (app/jobs/runtime.py)."""
+    return whole(bound.minimum, bound.maximum)
+
+
+class BenchmarkParams(Body):
+    """W2: measure a GGUF model of one of the node's artifacts as llama-bench does."""
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["artifact.acquire.v1"]
+    artifact_id: Uuid
+    model_file: ModelFile
+    n_gpu_layers: bounded(runtime.N_GPU_LAYERS) = runtime.N_GPU_LAYERS.default
+    prompt_tokens: bounded(runtime.PROMPT_TOKENS) = runtime.PROMPT_TOKENS.default
+    generate_tokens: bounded(runtime.GENERATE_TOKENS) = runtime.GENERATE_TOKENS.default
+    repetitions: bounded(runtime.REPETITIONS) = runtime.REPETITIONS.default
+
+
+# A prompt is sent as written: outer spaces are part of it (no trimming, unlike other text).
+Prompt = Annotated[
+    str, StringConstraints(min_length=1, max_length=runtime.MAX_PROMPT_LENGTH, pattern=rules.REQUIRED_TEXT_PATTERN)
+]
+
+
+class GenerateParams(Body):
+    """W2: complete prompts at temperature 0 with a fixed seed — the smoke test that a model answers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    artifact_id: Uuid
+    model_file: ModelFile
+    prompts: Annotated[list[Prompt], Field(min_length=1, max_length=runtime.MAX_PROMPTS)]
+    max_tokens: bounded(runtime.MAX_TOKENS) = runtime.MAX_TOKENS.default
+
+
+class _JobCreate(Body):
+    model_config = ConfigDict(extra="forbid")
+
     node_id: Uuid
-    params: AcquireParams
     max_attempts: whole(1, queue.MAX_ATTEMPTS) = queue.DEFAULT_MAX_ATTEMPTS
+
+
+class AcquireJobCreate(_JobCreate):
+    """J3: download a repository revision onto one of the node's roots."""
+
+    type: Literal["artifact.acquire.v1"]
+    params: AcquireParams
+
+
+class BenchmarkJobCreate(_JobCreate):
+    """W2: benchmark a model file of one of the node's artifacts."""
+
+    type: Literal["runtime.benchmark.v1"]
+    params: BenchmarkParams
+
+
+class GenerateJobCreate(_JobCreate):
+    """W2: run prompts through a model file of one of the node's artifacts."""
+
+    type: Literal["runtime.generate.v1"]
+    params: GenerateParams
+
+
+_JOB_CREATES = (AcquireJobCreate, BenchmarkJobCreate, GenerateJobCreate)
+assert tuple(model.model_fields["type"].annotation.__args__[0] for model in _JOB_CREATES) == queue.TYPES
+
+
+class JobCreate(
+    RootModel[Annotated[AcquireJobCreate | BenchmarkJobCreate | GenerateJobCreate, Field(discriminator="type")]]
+):
+    """J2: a typed job for one node; `type` decides which params go with it."""
 
 
 class ClaimRequest(Versions):
@@ -361,12 +483,23 @@ Count = whole(0, 10_000_000)
 
 
 class Progress(Body):
-    """How far an attempt has come."""
+    """How far an attempt has come; runtime jobs (W2) add their phase and steps beside zero bytes and files."""
 
     bytes_done: Bytes
     bytes_total: Bytes | None = None
     files_done: Count
     files_total: Count | None = None
+    phase: optional_text(32) = None
+    steps_done: Count | None = None
+    steps_total: Count | None = None
+
+    def stored(self) -> dict[str, object]:
+        """The report as the job keeps it: an acquire's exactly as before, the runtime fields only when sent."""
+        done = self.model_dump()
+        for name in ("phase", "steps_done", "steps_total"):
+            if done[name] is None:
+                del done[name]
+        return done
 
 
 Attempt = whole(1, 1000)
@@ -388,11 +521,88 @@ class AcquireResult(Body):
     total_bytes: Bytes
 
 
+Seconds = Annotated[float, Field(ge=0, le=10**9, allow_inf_nan=False)]
+TokensPerSecond = Annotated[float, Field(ge=0, le=10**12, allow_inf_nan=False)]
+GpuUuids = Annotated[list[text(96)], Field(max_length=MAX_GPUS)]
+
+
+class Rate(Body):
+    """W2: tokens per second over the repetitions: mean, sample standard deviation and each run's figure."""
+
+    mean: TokensPerSecond
+    stddev: TokensPerSecond
+    samples: Annotated[list[TokensPerSecond], Field(min_length=1, max_length=runtime.MAX_SAMPLES)]
+
+
+class BenchmarkResult(Body):
+    """W2: what a runtime.benchmark.v1 measured (the worker's result, with artifact_id and model_file)."""
+
+    artifact_id: Uuid
+    model_file: ModelFile
+    engine: Engine
+    model_bytes: Bytes | None = None
+    n_gpu_layers: bounded(runtime.N_GPU_LAYERS)
+    gpu_uuids: GpuUuids
+    load_seconds: Seconds
+    prompt_tokens: bounded(runtime.PROMPT_TOKENS)
+    generate_tokens: bounded(runtime.GENERATE_TOKENS)
+    repetitions: bounded(runtime.REPETITIONS)
+    prompt_tokens_per_second: Rate
+    generate_tokens_per_second: Rate
+    time_to_first_token_seconds: Seconds | None
+    # P3: null when it could not be read (no GPU: NVML has nothing to say), never invented.
+    peak_rss_bytes: Bytes | None
+    peak_gpu_memory_bytes: Bytes | None
+
+
+class GenerateOutput(Body):
+    """W2: one prompt and the text the model gave back; the text may hold any character but NUL."""
+
+    prompt: Prompt
+    text: Annotated[str, StringConstraints(max_length=runtime.MAX_OUTPUT_LENGTH, pattern=r"^[^\x00]*$")]
+    prompt_tokens: Count
+    completion_tokens: Count
+    finish_reason: optional_text(32) = None
+
+
+class GenerateResult(Body):
+    """W2: what a runtime.generate.v1 returned (the worker's result, with artifact_id and model_file)."""
+
+    artifact_id: Uuid
+    model_file: ModelFile
+    engine: Engine
+    seed: whole(-(2**31), 2**32 - 1)
+    temperature: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+    max_tokens: bounded(runtime.MAX_TOKENS)
+    gpu_uuids: GpuUuids
+    load_seconds: Seconds
+    outputs: Annotated[list[GenerateOutput], Field(min_length=1, max_length=runtime.MAX_PROMPTS)]
+
+
+# J2, W2: the result each job type completes with.
+RESULTS: dict[str, type[Body]] = {
+    queue.ACQUIRE: AcquireResult,
+    queue.BENCHMARK: BenchmarkResult,
+    queue.GENERATE: GenerateResult,
+}
+assert tuple(RESULTS) == queue.TYPES
+
+
+def _an_object(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError("must be an object")
+    return value
+
+
 class CompleteRequest(Versions):
-    """J2: the attempt succeeded."""
+    """J2: the attempt succeeded; `result` has the shape of the job's type, checked once the job is known."""
 
     attempt: Attempt
-    result: AcquireResult
+    result: Annotated[
+        dict[str, Any],
+        PlainValidator(_an_object, json_schema_input_type=AcquireResult | BenchmarkResult | GenerateResult),
+        Field(json_schema_extra={"description": "The result of the job's own type"}),
+    ]
 
 
 class JobError(Body):
@@ -430,36 +640,60 @@ _MESSAGES = {
     "too_long": "must have at most {max_length} items",
     "literal_error": "must be one of {expected}",
     "extra_forbidden": "is not a known field",
+    "too_short": "must have at least {min_length} item(s)",
+    "union_tag_invalid": "must be one of {expected_tags}",
+    "union_tag_not_found": "is required",
 }
+# J2: the job type tags a JobCreate by; pydantic puts the tag in an error's location, the API does not.
+_UNION_TAGS = frozenset(queue.TYPES)
 
 
-def _field_name(location: tuple[str | int, ...]) -> str:
-    """('telemetry', 0, 'sampled_at') → 'telemetry[0].sampled_at'."""
-    name = ""
+def _field_name(location: tuple[str | int, ...], prefix: str = "") -> str:
+    """('telemetry', 0, 'sampled_at') → 'telemetry[0].sampled_at'; a union's tag is left out."""
+    name = prefix
     for part in location:
         if isinstance(part, int):
             name += f"[{part}]"
-        elif part != "[key]":
+        elif part != "[key]" and part not in _UNION_TAGS:
             name += f".{part}" if name else str(part)
     return name
+
+
+# A pattern that is a rule of its own says which rule, not the generic printable-text words.
+_PATTERN_MESSAGES = {rules.RELATIVE_PATH_PATTERN: f"must be {rules.RELATIVE_PATH_RULE}"}
 
 
 def _message(error: dict[str, Any]) -> str:
     if error["type"] == "value_error":
         return str(error["ctx"]["error"])
+    if error["type"] == "string_pattern_mismatch" and error["ctx"]["pattern"] in _PATTERN_MESSAGES:
+        return _PATTERN_MESSAGES[error["ctx"]["pattern"]]
     template = _MESSAGES.get(error["type"])
     if template is None:
         return "is not valid"
     return template.format(**error.get("ctx", {}))
 
 
-BodyModel = TypeVar("BodyModel", bound=Body)
+BodyModel = TypeVar("BodyModel", bound=BaseModel)
 
 
-def parse(model: type[BodyModel], data: dict[str, Any]) -> BodyModel:
-    """The body as `model`, or a 400 naming the first offending field (A5)."""
+def parse(model: type[BodyModel], data: dict[str, Any], prefix: str = "") -> BodyModel:
+    """The body (or the part of it at `prefix`) as `model`, or a 400 naming the first offending field (A5)."""
     try:
         return model.model_validate(data)
     except ValidationError as error:
         first = error.errors(include_url=False, include_input=False)[0]
-        raise invalid(_field_name(first["loc"]), _message(first)) from None
+        location = first["loc"]
+        if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            location = (*location, first["ctx"]["discriminator"].strip("'"))
+        raise invalid(_field_name(location, prefix), _message(first)) from None
+
+
+def job_create(data: dict[str, Any]) -> AcquireJobCreate | BenchmarkJobCreate | GenerateJobCreate:
+    """J2: a job to create, its params checked against its type's model."""
+    return parse(JobCreate, data).root
+
+
+def result_of(job_type: str, result: dict[str, Any]) -> Body:
+    """J2, W2: a completed attempt's result in the shape of its job's type; a 400 names `result.<field>`."""
+    return parse(RESULTS[job_type], result, prefix="result")

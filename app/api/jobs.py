@@ -7,7 +7,7 @@ from flask import request
 from app.api import bodies, bp, json_response
 from app.api.auth import admin_required
 from app.api.validation import invalid, json_object
-from app.jobs import artifacts, queue, storage
+from app.jobs import artifacts, queue, runtime, storage
 from app.models import JobState
 from app.nodes import get as get_node
 
@@ -41,7 +41,7 @@ def delete_storage_root(root_id: str):
 @admin_required
 def create_job():
     """J2: queue a typed job for a node."""
-    body = bodies.parse(bodies.JobCreate, json_object())
+    body = bodies.job_create(json_object())
     job = queue.create(body.type, body.node_id, body.params.model_dump(), body.max_attempts)
     return json_response(job.to_dict(), 201)
 
@@ -92,3 +92,11 @@ def list_artifacts(node_id: str):
     """J3: what the node holds, verified."""
     get_node(node_id)
     return json_response({"artifacts": [artifact.to_dict() for artifact in artifacts.for_node(node_id)]})
+
+
+@bp.get("/admin/nodes/<node_id>/runtime-results")
+@admin_required
+def runtime_results(node_id: str):
+    """W2: the node's benchmark runs per model, newest first, and its last smoke test."""
+    get_node(node_id)
+    return json_response(runtime.results(node_id))

@@ -166,6 +166,21 @@ TELEMETRY_SAMPLE = _obj(
     ["gpu_uuid", "sampled_at", "utilization_gpu_percent", "memory_used_bytes", "temperature_c", "power_w"],
 )
 
+# W1: the runtime worker as the agent last reported it, or why none answered; null when never told.
+RUNTIME_WORKER = {
+    "oneOf": [
+        {"type": "null"},
+        _obj(
+            {
+                "reported": {"type": ["object", "null"]},
+                "problem": NULLABLE_STRING,
+                "compatibility": {"oneOf": [{"type": "null"}, COMPATIBILITY]},
+            },
+            ["reported", "problem", "compatibility"],
+        ),
+    ]
+}
+
 NODE = _obj(
     {
         "id": UUID,
@@ -182,6 +197,7 @@ NODE = _obj(
         "inventory": {"type": ["object", "null"]},
         "gpus": {"type": "array", "items": GPU},
         "capabilities": {"type": "array", "items": {"type": "string"}},
+        "runtime_worker": RUNTIME_WORKER,
         "telemetry": {"type": "array", "items": TELEMETRY_SAMPLE},
         "eligibility": _obj(
             {
@@ -234,6 +250,11 @@ READINESS = _obj(
     },
     ["node_id", "ready", "checked_at", "checks"],
 )
+
+
+def _list_of(items: dict) -> dict:
+    return {"type": "array", "items": items}
+
 
 AGENT_REPLY = {
     "status": {"type": "string"},
@@ -288,6 +309,86 @@ STORAGE_ROOT = _obj(
         },
     },
     ["id", "node_id", "name", "host_path", "container_path", "min_free_bytes", "created_at", "observed"],
+)
+
+NULLABLE_NUMBER = {"type": ["number", "null"]}
+NULLABLE_INTEGER = {"type": ["integer", "null"]}
+NULLABLE_ENGINE = {
+    "oneOf": [
+        {"type": "null"},
+        _obj({"name": NULLABLE_STRING, "version": NULLABLE_STRING, "backend": NULLABLE_STRING}),
+    ]
+}
+RATE = {
+    "oneOf": [
+        {"type": "null"},
+        _obj(
+            {
+                "mean": {"type": "number"},
+                "stddev": NULLABLE_NUMBER,
+                "samples": _list_of(NULLABLE_NUMBER),
+            },
+            ["mean", "stddev", "samples"],
+        ),
+    ]
+}
+_MODEL_OF_RESULT = {
+    "job_id": UUID,
+    "artifact_id": NULLABLE_STRING,
+    "repo_id": NULLABLE_STRING,
+    "commit": NULLABLE_STRING,
+    "model_file": NULLABLE_STRING,
+    "finished_at": NULLABLE_TIME,
+}
+# W2: a node's benchmark runs and last smoke test; a stored field that cannot be read is null (P3).
+RUNTIME_RESULTS = _obj(
+    {
+        "benchmarks": _list_of(
+            _obj(
+                {
+                    **_MODEL_OF_RESULT,
+                    "n_gpu_layers": NULLABLE_INTEGER,
+                    "prompt_tokens": NULLABLE_INTEGER,
+                    "generate_tokens": NULLABLE_INTEGER,
+                    "repetitions": NULLABLE_INTEGER,
+                    "prompt_tokens_per_second": RATE,
+                    "generate_tokens_per_second": RATE,
+                    "time_to_first_token_seconds": NULLABLE_NUMBER,
+                    "load_seconds": NULLABLE_NUMBER,
+                    "peak_rss_bytes": NULLABLE_INTEGER,
+                    "peak_gpu_memory_bytes": NULLABLE_INTEGER,
+                    "gpu_uuids": _list_of({"type": "string"}),
+                    "engine": NULLABLE_ENGINE,
+                },
+                [*_MODEL_OF_RESULT, "prompt_tokens_per_second", "generate_tokens_per_second", "gpu_uuids", "engine"],
+            )
+        ),
+        "smoke_test": {
+            "oneOf": [
+                {"type": "null"},
+                _obj(
+                    {
+                        **_MODEL_OF_RESULT,
+                        "outputs": _list_of(
+                            _obj(
+                                {
+                                    "prompt": NULLABLE_STRING,
+                                    "text": NULLABLE_STRING,
+                                    "prompt_tokens": NULLABLE_INTEGER,
+                                    "completion_tokens": NULLABLE_INTEGER,
+                                    "finish_reason": NULLABLE_STRING,
+                                },
+                                ["prompt", "text"],
+                            )
+                        ),
+                        "engine": NULLABLE_ENGINE,
+                    },
+                    [*_MODEL_OF_RESULT, "outputs", "engine"],
+                ),
+            ]
+        },
+    },
+    ["benchmarks", "smoke_test"],
 )
 
 JOB_ERROR = _obj(
@@ -767,6 +868,15 @@ def _job_paths() -> dict:
                         "200": _json(_obj({"artifacts": _list(ARTIFACT)}, ["artifacts"]), "Artifacts"),
                         **_errors(401, 404),
                     },
+                }
+            ),
+        },
+        "/api/v1/admin/nodes/{node_id}/runtime-results": {
+            "parameters": node_id,
+            "get": _admin(
+                {
+                    "summary": "The node's benchmark runs per model, newest first, and its last smoke test (W2)",
+                    "responses": {"200": _json(RUNTIME_RESULTS, "Results"), **_errors(401, 404)},
                 }
             ),
         },

@@ -18,14 +18,17 @@ from app import audit, liveness
 from app.config import Settings
 from app.errors import DomainError
 from app.extensions import db
-from app.jobs import artifacts, storage
-from app.models import Job, JobState
+from app.jobs import artifacts, runtime, storage
+from app.models import Artifact, Job, JobState, NodeLease
 from app.models.jobs import TERMINAL_STATES
 from app.nodes import get as get_node
 from app.timeutil import isoformat, utcnow
 
 ACQUIRE = "artifact.acquire.v1"
-TYPES = (ACQUIRE,)
+BENCHMARK = runtime.BENCHMARK
+GENERATE = runtime.GENERATE
+# J2: every job type, in one place (the API, the OpenAPI document and the console read it).
+TYPES = (ACQUIRE, *runtime.TYPES)
 # Error codes that are worth another attempt (J2); everything else fails at once.
 RETRY_BACKOFF_SECONDS = (0, 5, 30, 120)
 PAGE_SIZE = 50
@@ -54,10 +57,30 @@ def get(job_id: str) -> Job:
     return job
 
 
+def _artifact_on(node_id: str, artifact_id: str) -> Artifact:
+    """W2: the artifact a runtime job runs a model of, which must lie on the job's own node."""
+    artifact = db.session.get(Artifact, artifact_id)
+    if artifact is None:
+        raise DomainError(
+            "ARTIFACT_NOT_FOUND",
+            f"No artifact has id {artifact_id!r}.",
+            "Acquire the model onto the node first, then list its artifacts (GET /api/v1/admin/nodes/{id}/artifacts).",
+        )
+    if artifact.node_id != node_id:
+        raise DomainError(
+            "ARTIFACT_NOT_ON_NODE",
+            f"Artifact {artifact_id} ({artifact.repo_id}) lies on another node; a runtime job reads it from its "
+            "own node's disk.",
+            "Pick one of this node's artifacts (GET /api/v1/admin/nodes/{id}/artifacts), or acquire the model "
+            "onto this node first.",
+        )
+    return artifact
+
+
 def create(job_type: str, node_id: str, params: dict[str, object], max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Job:
-    """Queue a job for a node (J2); an acquire job names a root of that very node (J1)."""
+    """Queue a job for a node (J2); an acquire job names a root, a runtime job an artifact, of that very node."""
     get_node(node_id)
-    root_id = None
+    root_id = artifact_id = None
     if job_type == ACQUIRE:
         root = storage.get(str(params["storage_root_id"]))
         if root.node_id != node_id:
@@ -67,7 +90,16 @@ def create(job_type: str, node_id: str, params: dict[str, object], max_attempts:
                 "Pick one of this node's roots (GET /api/v1/admin/nodes/{id}/storage-roots).",
             )
         root_id = root.id
-    job = Job(type=job_type, node_id=node_id, storage_root_id=root_id, params=params, max_attempts=max_attempts)
+    elif runtime.is_runtime(job_type):
+        artifact_id = _artifact_on(node_id, str(params["artifact_id"])).id
+    job = Job(
+        type=job_type,
+        node_id=node_id,
+        storage_root_id=root_id,
+        artifact_id=artifact_id,
+        params=params,
+        max_attempts=max_attempts,
+    )
     db.session.add(job)
     db.session.flush()
     audit.record(audit.OPERATOR, "job.created", node_id, job_id=job.id, type=job_type)
@@ -161,6 +193,15 @@ _NEXT_STEPS = {
     "JOB_PARAMS_INVALID": "Fix the job's parameters and create it again.",
     "JOB_TYPE_UNSUPPORTED": "Upgrade the node agent, or send this job to a node that advertises its type.",
     "AGENT_INTERNAL_ERROR": "The agent hit an unexpected error; its log says where. The job is retried.",
+    "RUNTIME_WORKER_UNAVAILABLE": "Start the runtime worker container on the node and check that it shares the "
+    "socket volume with the agent (MODELFORGE_AGENT_WORKER_SOCKET); the job is retried.",
+    "MODEL_LOAD_FAILED": "The file is not a GGUF model llama.cpp can load (or it is truncated); pick another "
+    "model_file, or acquire the model again.",
+    "MODEL_FILE_INVALID": "Name a regular file inside the artifact (model_file is relative to it, no ..); list "
+    "the artifact's files on the node.",
+    "ARTIFACT_NOT_FOUND": "Acquire the model onto the node first; its artifacts are listed on the node page.",
+    "ARTIFACT_NOT_ON_NODE": "Pick one of this node's artifacts, or acquire the model onto this node first.",
+    "WORKER_BUSY": "The runtime worker is running another job; this one is retried when it is free.",
 }
 
 
@@ -193,6 +234,11 @@ def _agent_view(job: Job) -> dict[str, object]:
     if job.storage_root_id is not None:
         root = storage.get(job.storage_root_id)
         params |= {"container_path": root.container_path, "min_free_bytes": root.min_free_bytes}
+    if job.artifact_id is not None:
+        # W2: where the artifact lies as the agent sees it; the agent makes the worker's model_path of it.
+        artifact = db.session.get(Artifact, job.artifact_id)
+        if artifact is not None:
+            params["container_path"] = artifact.container_path
     return {
         "id": job.id,
         "type": job.type,
@@ -210,10 +256,14 @@ def claim(node_id: str, capabilities: list[str], settings: Settings) -> dict[str
     unique index admits one running job per node, so two claims (two workers, a retried request)
     can never both win. L4: nothing for a node that is not online, enabled and compatible.
     """
-    running = db.session.scalar(sa.select(Job).where(Job.node_id == node_id, Job.state == JobState.RUNNING))
-    if running is not None:
-        return _agent_view(running)  # a lost reply is harmless: the same job, the same attempt
+    current = db.session.scalar(sa.select(Job).where(Job.node_id == node_id, Job.state == JobState.RUNNING))
+    if current is not None:
+        return _agent_view(current)  # a lost reply is harmless: the same job, the same attempt
     allowed, _ = liveness.may_receive_work(node_id, settings)
+    if allowed and any(runtime.is_runtime(kind) for kind in capabilities):
+        # W1: a claim may name runtime.* types its inventory did not; the lease's worker answer decides.
+        worker_answer = db.session.scalar(sa.select(NodeLease.worker_compatibility).where(NodeLease.node_id == node_id))
+        capabilities = runtime.runnable(capabilities, worker_answer)
     if not allowed or not capabilities:
         return None
     now = utcnow()
@@ -270,7 +320,7 @@ def _fenced(report: Report) -> sa.Update:
     )
 
 
-def _running(report: Report) -> Job:
+def running(report: Report) -> Job:
     """The job this report is about, if the reporting node still runs it at this attempt (J2 fence)."""
     job = db.session.get(Job, report.job_id)
     if job is None or job.node_id != report.node_id or job.attempt != report.attempt or job.state != JobState.RUNNING:
@@ -304,11 +354,14 @@ def progress(report: Report, done: dict[str, object], settings: Settings) -> dic
 
 def complete(report: Report, result: dict[str, object]) -> Job:
     """The attempt succeeded: record the artifact it left and finish the job (J3)."""
-    job = _running(report)
+    job = running(report)
     stored = dict(result)
     if job.type == ACQUIRE:
         artifact = artifacts.record(job, result)
         stored |= {"artifact_id": artifact.id, "host_path": artifact.host_path}
+    elif job.artifact_id is not None and (artifact := db.session.get(Artifact, job.artifact_id)) is not None:
+        # W2: results are kept per node and model; the model's name outlives its artifact row.
+        stored |= {"artifact_id": artifact.id, "repo_id": artifact.repo_id, "commit": artifact.commit}
     now = utcnow()
     finished = db.session.execute(
         _fenced(report).values(
@@ -325,7 +378,7 @@ def complete(report: Report, result: dict[str, object]) -> Job:
 
 def fail(report: Report, code: str, message: str, retryable: bool) -> Job:
     """The attempt failed: retry with backoff while attempts remain and the class allows it, else fail."""
-    job = _running(report)
+    job = running(report)
     actor = audit.agent_actor(report.node_id)
     error = _error(code, message)
     if code == "JOB_CANCELLED" or job.cancel_requested:

@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from app import audit
 from app.errors import DomainError
 from app.extensions import db
-from app.models import Job, NodeLease, StorageRoot
+from app.models import Artifact, Job, NodeLease, StorageRoot
 from app.models.jobs import TERMINAL_STATES
 from app.nodes import get as get_node
 
@@ -98,10 +98,15 @@ def get(root_id: str) -> StorageRoot:
 def delete(root_id: str) -> None:
     """Forget a root (its files stay on the node); refused while a job uses it."""
     root = get(root_id)
+    # W2: a runtime job uses the root too, through the artifact it reads a model from.
+    on_root = sa.select(Artifact.id).where(Artifact.storage_root_id == root_id)
     in_use = db.session.scalar(
         sa.select(sa.func.count())
         .select_from(Job)
-        .where(Job.storage_root_id == root_id, Job.state.not_in(list(TERMINAL_STATES)))
+        .where(
+            sa.or_(Job.storage_root_id == root_id, Job.artifact_id.in_(on_root)),
+            Job.state.not_in(list(TERMINAL_STATES)),
+        )
     )
     if in_use:
         raise DomainError(
