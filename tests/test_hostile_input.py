@@ -129,6 +129,12 @@ WRONG_INVENTORIES = [
     ),
     ({"inventory": {"gpus": [factories.gpu(), factories.gpu()]}}, "inventory.gpus"),
     ({"inventory": {"hostname": 7, "gpus": []}}, "inventory.hostname"),
+    # W1: the runtime worker the agent relays.
+    ({"runtime_worker": {"protocol_version": 1}}, "runtime_worker.worker_version"),
+    ({"runtime_worker": {"worker_version": "1", "protocol_version": True}}, "runtime_worker.protocol_version"),
+    ({"runtime_worker": {"worker_version": "1", "protocol_version": [1]}}, "runtime_worker.protocol_version"),
+    ({"runtime_worker": "up"}, "runtime_worker"),
+    ({"runtime_worker_problem": "two\nlines"}, "runtime_worker_problem"),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 
 import pytest
 import schemathesis
@@ -25,6 +26,7 @@ from app.timeutil import isoformat, parse_rfc3339, utcnow
 from tests import factories
 from tests.support import OPERATOR_KEY
 from tests.test_hostile_input import WRONG_ENROLLS, WRONG_HEARTBEATS, WRONG_INVENTORIES
+from tests.test_runtime_api import WRONG_BENCHMARK_RESULTS, WRONG_JOB_BODIES, benchmark_result
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 
@@ -214,3 +216,35 @@ def test_the_document_refuses_every_inventory_the_code_refuses(change, field):
 def test_the_document_refuses_every_enrol_claim_the_code_refuses(change, field):
     body = {**factories.enroll_body("mfe_" + "a" * 43), **change}
     assert_the_document_refuses_what_the_code_refuses("EnrollRequest", body)
+
+
+@pytest.mark.parametrize(("job_type", "params", "field"), WRONG_JOB_BODIES)
+def test_the_document_refuses_every_job_the_code_refuses(job_type, params, field):
+    body = {"node_id": str(uuid.uuid4()), "params": {"artifact_id": str(uuid.uuid4()), **params}}
+    if job_type is not None:
+        body["type"] = job_type
+    assert_the_document_refuses_what_the_code_refuses("JobCreate", body)
+
+
+@pytest.mark.parametrize(("change", "field"), [case for case in WRONG_BENCHMARK_RESULTS if isinstance(case[0], dict)])
+def test_the_document_refuses_every_benchmark_result_the_code_refuses(change, field):
+    result = benchmark_result(str(uuid.uuid4()), **change)
+    if any(value == float("inf") for value in change.values()):
+        return  # JSON has no infinity to write into a document check; the code test sends 1e400
+    assert _refuses("BenchmarkResult", result)
+
+
+def test_the_document_names_each_job_types_params():
+    job_create = document()["components"]["schemas"]["JobCreate"]
+    assert job_create["discriminator"]["propertyName"] == "type"
+    assert set(job_create["discriminator"]["mapping"]) == {
+        "artifact.acquire.v1",
+        "runtime.benchmark.v1",
+        "runtime.generate.v1",
+    }
+    result = document()["components"]["schemas"]["CompleteRequest"]["properties"]["result"]
+    assert {ref["$ref"].rsplit("/", 1)[1] for ref in result["anyOf"]} == {
+        "AcquireResult",
+        "BenchmarkResult",
+        "GenerateResult",
+    }
