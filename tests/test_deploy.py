@@ -989,6 +989,16 @@ def test_operator_guide_names_the_exact_log_lines_and_endpoints():
         "/data/state/node-id",
         "docker-compose.node-agent.private-ca.yml",
         "env_preflight.py",
+        # W1-W3: the runtime worker section.
+        "docker compose -f docker-compose.node-agent.yml -f docker-compose.runtime-worker.yml up -d",
+        "-f docker-compose.runtime-worker.cpu.yml up -d",
+        "logs runtime-worker",
+        "RUNTIME_WORKER_UNAVAILABLE",
+        "MODEL_LOAD_FAILED",
+        "network_mode: none",
+        "modelforge-worker-socket",
+        '"type": "runtime.benchmark.v1"',
+        '"type": "runtime.generate.v1"',
     ]:
         assert needle in guide, needle
 
