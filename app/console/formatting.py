@@ -82,7 +82,32 @@ def short_commit(commit: str | None, length: int = 7) -> str:
     return commit[:length] if commit else "—"
 
 
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def mean_sd(rate: object) -> str:
+    """W2: a tokens/s figure as llama-bench prints it, '8123.4 ± 51.2'; unreadable → '—'."""
+    mean = _finite(rate.get("mean")) if isinstance(rate, dict) else None
+    if mean is None:
+        return "—"
+    stddev = _finite(rate.get("stddev"))
+    return f"{mean:.1f}" if stddev is None else f"{mean:.1f} ± {stddev:.1f}"
+
+
+def seconds(value: object) -> str:
+    """A short duration with the precision it deserves: '0.071 s', '12.3 s'; None → '—'."""
+    number = _finite(value)
+    if number is None or number < 0:
+        return "—"
+    return f"{number:.3f} s" if number < 10 else f"{number:.1f} s"
+
+
 FILTERS = {
+    "mean_sd": mean_sd,
+    "seconds": seconds,
     "human_bytes": human_bytes,
     "human_age": human_age,
     "utc": utc,

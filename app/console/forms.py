@@ -6,15 +6,24 @@ import re
 from decimal import Decimal
 
 from flask_wtf import FlaskForm
-from wtforms import BooleanField, DecimalField, PasswordField, RadioField, SelectField, StringField, TextAreaField
+from wtforms import (
+    BooleanField,
+    DecimalField,
+    IntegerField,
+    PasswordField,
+    RadioField,
+    SelectField,
+    StringField,
+    TextAreaField,
+)
 from wtforms.fields.choices import SelectChoice
-from wtforms.validators import DataRequired, InputRequired, Length, Optional, ValidationError
+from wtforms.validators import DataRequired, InputRequired, Length, NumberRange, Optional, ValidationError
 
 from app import rules
 from app.console.commands import LOCAL_BUILD, ImageSource, env_value_error, pinned_image, release_image
 from app.enrollment import MAX_EXPIRY_SECONDS
-from app.jobs import storage
-from app.models import StorageRoot
+from app.jobs import runtime, storage
+from app.models import Artifact, StorageRoot
 from app.release_manifest import MAX_PASTE_BYTES, parse_pasted
 
 # C4: the wizard offers exactly these token lifetimes.
@@ -283,4 +292,122 @@ class AcquireForm(FlaskForm):
             "storage_root_id": self.storage_root_id.data,
             "allow_patterns": parse_patterns(self.allow_patterns.data or ""),
             "ignore_patterns": parse_patterns(self.ignore_patterns.data or ""),
+        }
+
+
+# --------------------------------------------------------------------------- runtime jobs (W2)
+
+
+class RelativePath:
+    """A field validator for the API's model file rule (`rules.relative_path_problem`)."""
+
+    def __call__(self, form, field) -> None:
+        if field.data and (problem := rules.relative_path_problem(field.data)):
+            raise ValidationError(problem)
+
+
+def bounded(label: str, bound: runtime.Bound) -> IntegerField:
+    """A whole-number runtime param; left empty it takes the worker's default (app/jobs/runtime.py)."""
+    return IntegerField(
+        label,
+        default=bound.default,
+        validators=[
+            Optional(),
+            NumberRange(bound.minimum, bound.maximum, message=f"Between {bound.minimum} and {bound.maximum}."),
+        ],
+    )
+
+
+class RuntimeJobForm(FlaskForm):
+    """W2: which model file of which of this node's artifacts a runtime job runs."""
+
+    # Choices are this node's artifacts; another's is refused here with words, not "Not a valid choice".
+    artifact_id = SelectField("Artifact", validate_choice=False)
+    model_file = StringField(
+        "Model file",
+        filters=[_stripped],
+        validators=[
+            DataRequired(message="Name the GGUF file inside the artifact, e.g. model-q4_k_m.gguf."),
+            RelativePath(),
+        ],
+    )
+
+    def __init__(self, node_artifacts: list[Artifact], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.artifact_id.choices = [
+            SelectChoice(artifact.id, f"{artifact.repo_id} @ {artifact.commit[:7]}") for artifact in node_artifacts
+        ]
+
+    def validate_artifact_id(self, field) -> None:
+        """Only an artifact of this node: the worker reads the model from the node's own disk."""
+        if field.data not in {choice.value for choice in field.choices}:
+            raise ValidationError("Pick one of this node's artifacts.")
+
+    def _value(self, field: IntegerField, bound: runtime.Bound) -> int:
+        return bound.default if field.data is None else field.data
+
+
+class BenchmarkForm(RuntimeJobForm):
+    """W2: runtime.benchmark.v1, pp/tg tokens per second as llama-bench measures them."""
+
+    n_gpu_layers = bounded("GPU layers", runtime.N_GPU_LAYERS)
+    prompt_tokens = bounded("Prompt tokens", runtime.PROMPT_TOKENS)
+    generate_tokens = bounded("Generated tokens", runtime.GENERATE_TOKENS)
+    repetitions = bounded("Repetitions", runtime.REPETITIONS)
+
+    def params(self) -> dict[str, object]:
+        """The job's params, shaped exactly as the API stores them (defaults filled in)."""
+        return {
+            "artifact_id": self.artifact_id.data,
+            "model_file": self.model_file.data,
+            "n_gpu_layers": self._value(self.n_gpu_layers, runtime.N_GPU_LAYERS),
+            "prompt_tokens": self._value(self.prompt_tokens, runtime.PROMPT_TOKENS),
+            "generate_tokens": self._value(self.generate_tokens, runtime.GENERATE_TOKENS),
+            "repetitions": self._value(self.repetitions, runtime.REPETITIONS),
+        }
+
+
+def parse_prompts(text: str) -> list[str]:
+    """One prompt per line, sent as written (blank lines ignored); ValueError names the bad line."""
+    prompts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if len(line) > runtime.MAX_PROMPT_LENGTH or not rules.is_text(line):
+            raise ValueError(f"line {number}: a prompt is up to {runtime.MAX_PROMPT_LENGTH} printable characters")
+        prompts.append(line)
+    if not prompts:
+        raise ValueError("write at least one prompt")
+    if len(prompts) > runtime.MAX_PROMPTS:
+        raise ValueError(f"at most {runtime.MAX_PROMPTS} prompts")
+    return prompts
+
+
+class Prompts:
+    """A field validator for `parse_prompts`."""
+
+    def __call__(self, form, field) -> None:
+        try:
+            parse_prompts(field.data or "")
+        except ValueError as error:
+            raise ValidationError(f"{str(error).capitalize()}.") from None
+
+
+class GenerateForm(RuntimeJobForm):
+    """W2: runtime.generate.v1, the smoke test that a model answers (temperature 0, fixed seed)."""
+
+    prompts = TextAreaField(
+        "Prompts",
+        default="The capital of France is",
+        validators=[Length(max=runtime.MAX_PROMPTS * (runtime.MAX_PROMPT_LENGTH + 2)), Prompts()],
+    )
+    max_tokens = bounded("Max tokens", runtime.MAX_TOKENS)
+
+    def params(self) -> dict[str, object]:
+        """The job's params, shaped exactly as the API stores them (defaults filled in)."""
+        return {
+            "artifact_id": self.artifact_id.data,
+            "model_file": self.model_file.data,
+            "prompts": parse_prompts(self.prompts.data or ""),
+            "max_tokens": self._value(self.max_tokens, runtime.MAX_TOKENS),
         }

@@ -1,5 +1,6 @@
-"""What nodes do, in the console (J4): the jobs list, one job's live progress with cancel and
-retry, and on the node page its storage roots, its artifacts and a form to acquire a model."""
+"""What nodes do, in the console (J4, W1, W2): the jobs list, one job's live progress with cancel
+and retry, and on the node page its storage roots, its artifacts, a form to acquire a model, its
+runtime worker with the benchmark runs and last smoke test, and forms to start runtime jobs."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from flask import current_app, flash, redirect, render_template, request, url_fo
 
 from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.auth import login_required
-from app.console.forms import AcquireForm, StorageRootForm
+from app.console.forms import AcquireForm, BenchmarkForm, GenerateForm, StorageRootForm
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import db
-from app.jobs import artifacts, queue, storage
-from app.models import Artifact, Job, JobState, Node, StorageRoot
+from app.jobs import artifacts, queue, runtime, storage
+from app.models import Artifact, Job, JobState, Node, NodeLease, StorageRoot
 from app.nodes import get as get_node
+from app.nodes import runtime_worker
 from app.timeutil import isoformat, parse_rfc3339
 
 LIVE_STATES = (JobState.QUEUED, JobState.RUNNING)
@@ -71,6 +73,10 @@ class ProgressView:
     reported_at: datetime | None
     rate: float | None
     eta_seconds: float | None
+    # W2: a runtime job's phase and steps (none for an acquire).
+    phase: str | None = None
+    steps_done: int | None = None
+    steps_total: int | None = None
 
 
 def _count(progress: dict, key: str) -> int | None:
@@ -82,8 +88,9 @@ def progress_percent(job: Job) -> float | None:
     """How far a job is, 0–100: by bytes when their total is known, else by files; None when unknown."""
     if job.state == JobState.SUCCEEDED:
         return 100.0
-    progress = job.progress or {}
-    for done_key, total_key in (("bytes_done", "bytes_total"), ("files_done", "files_total")):
+    progress = job.progress if isinstance(job.progress, dict) else {}
+    pairs = (("bytes_done", "bytes_total"), ("files_done", "files_total"), ("steps_done", "steps_total"))
+    for done_key, total_key in pairs:
         done, total = _count(progress, done_key), _count(progress, total_key)
         if done is not None and total:
             return round(min(max(done / total, 0.0), 1.0) * 100, 1)
@@ -117,7 +124,7 @@ def measure(job: Job, seen: Seen | None) -> tuple[ProgressView, Seen | None]:
     `started_at` would be wrong after a resume, whose bytes_done includes what earlier attempts
     fetched. A report with fewer bytes than the one before (a new attempt) starts measuring again.
     """
-    progress = job.progress or {}
+    progress = job.progress if isinstance(job.progress, dict) else {}
     bytes_done, bytes_total = _count(progress, "bytes_done"), _count(progress, "bytes_total")
     reported_at = parse_rfc3339(progress["updated_at"]) if isinstance(progress.get("updated_at"), str) else None
     rate = None
@@ -139,6 +146,9 @@ def measure(job: Job, seen: Seen | None) -> tuple[ProgressView, Seen | None]:
         reported_at=reported_at,
         rate=rate,
         eta_seconds=eta_seconds,
+        phase=progress["phase"] if isinstance(progress.get("phase"), str) else None,
+        steps_done=_count(progress, "steps_done"),
+        steps_total=_count(progress, "steps_total"),
     )
     carried = Seen(bytes_done, reported_at, rate) if reported_at is not None and bytes_done is not None else None
     return view, carried
@@ -220,13 +230,18 @@ def jobs_page():
 def _job_context(job: Job, seen: Seen | None) -> dict[str, object]:
     progress, carried = measure(job, seen)
     live = job.state in LIVE_STATES
-    result = job.result or {}
-    artifact_id = result.get("artifact_id")
+    result = job.result if isinstance(job.result, dict) else {}
+    artifact_id = result.get("artifact_id") or job.artifact_id
+    has_result = isinstance(job.result, dict) and bool(job.result)
     return {
         "job": job,
         "node": db.session.get(Node, job.node_id),
         "root": db.session.get(StorageRoot, job.storage_root_id) if job.storage_root_id else None,
         "artifact": db.session.get(Artifact, artifact_id) if isinstance(artifact_id, str) else None,
+        "runtime_job": runtime.is_runtime(job.type),
+        # W2: a runtime result read field by field, so an odd stored value shows as "—", never a 500.
+        "benchmark": runtime.benchmark_row(job) if has_result and job.type == queue.BENCHMARK else None,
+        "smoke": runtime.smoke_test(job) if has_result and job.type == queue.GENERATE else None,
         "progress": progress,
         "live": live,
         "poll_url": _poll_url(job, carried) if live else None,
@@ -274,10 +289,11 @@ def retry_job(job_id: str):
 
 
 def node_work_context(node_id: str) -> dict[str, object]:
-    """What the node page shows of the node's work: roots, artifacts and the two forms (J1, J3)."""
+    """What the node page shows of the node's work: roots, artifacts, the forms, the runtime worker (J1–W2)."""
     return {
         **_acquire_context(node_id),
-        "artifacts": artifacts.for_node(node_id),
+        **_runtime_context(node_id),
+        **_runtime_jobs_context(node_id),
         "root_form": StorageRootForm(formdata=None),
     }
 
@@ -400,3 +416,72 @@ def acquire(node_id: str):
     response = current_app.make_response(("", 201))
     response.headers["HX-Redirect"] = target
     return response
+
+
+# --------------------------------------------------------------------------- runtime worker and jobs (W1, W2)
+
+
+def _runtime_context(node_id: str) -> dict[str, object]:
+    return {
+        "worker": runtime_worker(db.session.get(NodeLease, node_id)),
+        "results": runtime.results(node_id),
+    }
+
+
+@bp.get("/hardware/nodes/<node_id>/runtime")
+@login_required
+def node_runtime(node_id: str):
+    """W1, W2: the runtime worker, the benchmark runs and the last smoke test; refreshes itself."""
+    return _refetched_panel(node_id, "partials/_node_runtime.html", _runtime_context)
+
+
+def _runtime_jobs_context(
+    node_id: str, benchmark_form: BenchmarkForm | None = None, generate_form: GenerateForm | None = None
+) -> dict[str, object]:
+    found = artifacts.for_node(node_id)
+    return {
+        "artifacts": found,
+        "benchmark_form": benchmark_form or BenchmarkForm(found, formdata=None, prefix="benchmark"),
+        "generate_form": generate_form or GenerateForm(found, formdata=None, prefix="generate"),
+    }
+
+
+@bp.get("/hardware/nodes/<node_id>/runtime-jobs")
+@login_required
+def runtime_jobs_form(node_id: str):
+    """The runtime job forms afresh, after the node's roots (and so its artifacts) changed."""
+    return _refetched_panel(node_id, "partials/_node_runtime_jobs.html", _runtime_jobs_context)
+
+
+def _queue_runtime_job(node_id: str, job_type: str):
+    """W2: queue a runtime job from its form, then show it (HX-Redirect for htmx); errors inline (422)."""
+    node = get_node(node_id)
+    found = artifacts.for_node(node_id)
+    name, form_class = ("benchmark", BenchmarkForm) if job_type == queue.BENCHMARK else ("generate", GenerateForm)
+    form = form_class(found, prefix=name)
+    if not form.validate_on_submit():
+        if not is_htmx_fragment_request():
+            return _back_to_node(node_id, *_error_lines(form))
+        context = _runtime_jobs_context(node_id, **{f"{name}_form": form})  # the other form stays fresh
+        return _panel("partials/_node_runtime_jobs.html", 422, node=node, **context)
+    job = queue.create(job_type, node_id, form.params())
+    target = url_for("console.job_page", job_id=job.id)
+    if not is_htmx_fragment_request():
+        return redirect(target, 303)
+    response = current_app.make_response(("", 201))
+    response.headers["HX-Redirect"] = target
+    return response
+
+
+@bp.post("/hardware/nodes/<node_id>/benchmark")
+@login_required
+def benchmark(node_id: str):
+    """W2: queue a runtime.benchmark.v1 job on one of this node's artifacts."""
+    return _queue_runtime_job(node_id, queue.BENCHMARK)
+
+
+@bp.post("/hardware/nodes/<node_id>/generate")
+@login_required
+def generate(node_id: str):
+    """W2: queue a runtime.generate.v1 job (the smoke test) on one of this node's artifacts."""
+    return _queue_runtime_job(node_id, queue.GENERATE)
