@@ -1,20 +1,29 @@
-"""Running the real node agent as a subprocess against a real control plane."""
+"""Running the real node agent as a subprocess against a real control plane, and the agent in
+process against a fake control plane that only records what it is sent."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import requests
+from jsonschema import Draft202012Validator
 
+import modelforge_node_agent as agent
+from app.api import openapi
 from tests.support import ADMIN, PROJECT_ROOT
 
 FAKE_NVML_DIR = str(PROJECT_ROOT / "tests" / "fake_nvml")
+CREDENTIAL = "mfn_" + "c" * 43
+COMPATIBLE = {"answer": "COMPATIBLE", "protocol_version": 1, "supported": [1], "action": "None"}
 
 
 def mint_token(url: str, verify: bool | str = True) -> dict:
@@ -125,3 +134,117 @@ def nvidia_agent(tmp_path: Path, server, scenario: str, name: str = "agent") -> 
         MODELFORGE_AGENT_ACCELERATOR_MODE="nvidia",
     ).with_fake_nvml(scenario)
     return agent, minted
+
+
+class FakeControlPlane:
+    """Records what the agent posts; answers each endpoint (claim, progress, …) from a script."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, dict, dict, float]] = []
+        self.lock = threading.Lock()
+        self.scripts = {
+            "inventory": lambda body: (200, self.publication_reply(body)),
+            "heartbeat": lambda body: (200, self.publication_reply(body)),
+            "claim": lambda body: (204, None),
+            "progress": lambda body: (200, {"lease_expires_at": "2030-01-01T00:00:00Z", "cancel_requested": False}),
+            "complete": lambda body: (200, {}),
+            "fail": lambda body: (200, {}),
+        }
+        self.jobs_waiting = 0
+        self.roots: list[dict] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                name = self.path.rsplit("/", 1)[1]
+                with fake.lock:
+                    fake.received.append((self.path, body, dict(self.headers), time.monotonic()))
+                status, payload = fake.scripts[name](body)
+                data = b"" if payload is None else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def publication_reply(self, body: dict) -> dict:
+        reply = {"status": "accepted", "compatibility": COMPATIBLE, "heartbeat_interval_seconds": 1}
+        reply["jobs_waiting"] = self.jobs_waiting
+        if self.roots:
+            reply["storage_roots_etag"] = "etag-1"
+            if body.get("storage_roots_etag") != "etag-1":  # the list only when the agent's is out of date
+                reply["storage_roots"] = self.roots
+        return reply
+
+    def bodies(self, name: str) -> list[dict]:
+        with self.lock:
+            return [body for path, body, _, _ in self.received if path.rsplit("/", 1)[1] == name]
+
+    def names(self) -> list[str]:
+        with self.lock:
+            return [path.rsplit("/", 1)[1] for path, _, _, _ in self.received]
+
+    def wait_for(self, name: str, count: int = 1, timeout: float = 15) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.bodies(name)) >= count:
+                return self.bodies(name)
+            time.sleep(0.02)
+        raise AssertionError(f"no {count} {name} request(s) within {timeout}s: {self.names()}")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def make_config(
+    tmp_path: Path, control_plane_url: str, hub_url: str = agent.DEFAULT_HF_ENDPOINT, **extra: str
+) -> agent.Config:
+    """A CPU agent that already holds a credential (so it never enrols), with no runtime worker
+    unless `extra` names its socket."""
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / "node-credential").write_text(CREDENTIAL)
+    (tmp_path / "artifacts" / "registry").mkdir(parents=True, exist_ok=True)
+    env = {
+        "MODELFORGE_AGENT_CONTROL_PLANE_URL": control_plane_url,
+        "MODELFORGE_AGENT_ACCELERATOR_MODE": "cpu",
+        "MODELFORGE_AGENT_STATE_DIR": str(tmp_path / "state"),
+        "MODELFORGE_AGENT_ARTIFACT_DIR": str(tmp_path / "artifacts"),
+        "MODELFORGE_AGENT_QUARANTINE_DIR": str(tmp_path / "quarantine"),
+        "HF_ENDPOINT": hub_url,
+        "MODELFORGE_AGENT_WORKER_SOCKET": str(tmp_path / "no-worker.sock"),  # W1: no runtime worker here
+        **extra,
+    }
+    return agent.load_config(env)
+
+
+def make_agent(config: agent.Config) -> agent.Agent:
+    """The agent in process, CPU only, not yet started."""
+    agent.ensure_state_dir(config)
+    return agent.Agent(config, agent.Nvml(), agent.run_preflight("cpu", agent.Nvml(), {}), threading.Event())
+
+
+def runner_for(config: agent.Config, job: dict) -> agent.JobRunner:
+    """A runner for a claimed job (a claim reply's `job`), reporting to the config's control plane."""
+    client = agent.Client(config)
+    client.credential = CREDENTIAL
+    return agent.JobRunner(agent.Job.from_claim(job), agent.JobsClient(client), config, threading.Event())
+
+
+def assert_matches_the_servers_schema(body: dict, schema: str) -> None:
+    """The body validates against the control plane's own OpenAPI schema (A5)."""
+    root = {"$ref": f"#/components/schemas/{schema}", "components": openapi.document()["components"]}
+    validator = Draft202012Validator(root, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    errors = [f"{list(error.path)}: {error.message}" for error in validator.iter_errors(body)]
+    assert errors == [], (schema, errors)

@@ -6,98 +6,28 @@ the agent sends and answers from a script. The Hub is the stand-in (tests/hub_st
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
 
 import modelforge_node_agent as agent
-from app.api import openapi
+from tests.agent_support import (
+    CREDENTIAL,
+    FakeControlPlane,
+    assert_matches_the_servers_schema,
+    make_agent,
+    make_config,
+    runner_for,
+)
 from tests.hub_standin import Generated, StandinHub
 
 MiB = 1 << 20
 REPO = "org/model"
-CREDENTIAL = "mfn_" + "c" * 43
 RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
-COMPATIBLE = {"answer": "COMPATIBLE", "protocol_version": 1, "supported": [1], "action": "None"}
-
-
-class FakeControlPlane:
-    """Records what the agent posts; answers each endpoint (claim, progress, …) from a script."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[str, dict, dict, float]] = []
-        self.lock = threading.Lock()
-        self.scripts = {
-            "inventory": lambda body: (200, self.publication_reply(body)),
-            "heartbeat": lambda body: (200, self.publication_reply(body)),
-            "claim": lambda body: (204, None),
-            "progress": lambda body: (200, {"lease_expires_at": "2030-01-01T00:00:00Z", "cancel_requested": False}),
-            "complete": lambda body: (200, {}),
-            "fail": lambda body: (200, {}),
-        }
-        self.jobs_waiting = 0
-        self.roots: list[dict] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                name = self.path.rsplit("/", 1)[1]
-                with fake.lock:
-                    fake.received.append((self.path, body, dict(self.headers), time.monotonic()))
-                status, payload = fake.scripts[name](body)
-                data = b"" if payload is None else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def publication_reply(self, body: dict) -> dict:
-        reply = {"status": "accepted", "compatibility": COMPATIBLE, "heartbeat_interval_seconds": 1}
-        reply["jobs_waiting"] = self.jobs_waiting
-        if self.roots:
-            reply["storage_roots_etag"] = "etag-1"
-            if body.get("storage_roots_etag") != "etag-1":  # the list only when the agent's is out of date
-                reply["storage_roots"] = self.roots
-        return reply
-
-    def bodies(self, name: str) -> list[dict]:
-        with self.lock:
-            return [body for path, body, _, _ in self.received if path.rsplit("/", 1)[1] == name]
-
-    def names(self) -> list[str]:
-        with self.lock:
-            return [path.rsplit("/", 1)[1] for path, _, _, _ in self.received]
-
-    def wait_for(self, name: str, count: int = 1, timeout: float = 15) -> list[dict]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(self.bodies(name)) >= count:
-                return self.bodies(name)
-            time.sleep(0.02)
-        raise AssertionError(f"no {count} {name} request(s) within {timeout}s: {self.names()}")
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -111,36 +41,6 @@ def control_plane():
 def hub():
     with StandinHub() as standin:
         yield standin
-
-
-def assert_matches_the_servers_schema(body: dict, schema: str) -> None:
-    """The body validates against the control plane's own OpenAPI schema (A5)."""
-    root = {"$ref": f"#/components/schemas/{schema}", "components": openapi.document()["components"]}
-    validator = Draft202012Validator(root, format_checker=Draft202012Validator.FORMAT_CHECKER)
-    errors = [f"{list(error.path)}: {error.message}" for error in validator.iter_errors(body)]
-    assert errors == [], (schema, errors)
-
-
-def make_config(tmp_path: Path, control_plane_url: str, hub_url: str, **extra: str) -> agent.Config:
-    """A CPU agent that already holds a credential (so it never enrols)."""
-    (tmp_path / "state").mkdir(exist_ok=True)
-    (tmp_path / "state" / "node-credential").write_text(CREDENTIAL)
-    (tmp_path / "artifacts" / "registry").mkdir(parents=True, exist_ok=True)
-    env = {
-        "MODELFORGE_AGENT_CONTROL_PLANE_URL": control_plane_url,
-        "MODELFORGE_AGENT_ACCELERATOR_MODE": "cpu",
-        "MODELFORGE_AGENT_STATE_DIR": str(tmp_path / "state"),
-        "MODELFORGE_AGENT_ARTIFACT_DIR": str(tmp_path / "artifacts"),
-        "MODELFORGE_AGENT_QUARANTINE_DIR": str(tmp_path / "quarantine"),
-        "HF_ENDPOINT": hub_url,
-        **extra,
-    }
-    return agent.load_config(env)
-
-
-def make_agent(config: agent.Config) -> agent.Agent:
-    agent.ensure_state_dir(config)
-    return agent.Agent(config, agent.Nvml(), agent.run_preflight("cpu", agent.Nvml(), {}), threading.Event())
 
 
 def claimed_job(tmp_path: Path, interval: float = 0.1, **params) -> dict:
@@ -165,12 +65,6 @@ def claimed_job(tmp_path: Path, interval: float = 0.1, **params) -> dict:
         "lease_seconds": 60,
         "progress_interval_seconds": interval,
     }
-
-
-def runner_for(config: agent.Config, job: dict) -> agent.JobRunner:
-    client = agent.Client(config)
-    client.credential = CREDENTIAL
-    return agent.JobRunner(agent.Job.from_claim(job), agent.JobsClient(client), config, threading.Event())
 
 
 # --------------------------------------------------------------------------- the loop
@@ -326,7 +220,7 @@ def test_an_unreachable_control_plane_never_stops_the_download(tmp_path, control
 
 def test_a_job_type_the_agent_cannot_run_fails_at_once_not_retryable(tmp_path, control_plane, hub):
     config = make_config(tmp_path, control_plane.url, hub.url)
-    runner = runner_for(config, {**claimed_job(tmp_path), "type": "runtime.generate.v1"}).start()
+    runner = runner_for(config, {**claimed_job(tmp_path), "type": "runtime.train.v9"}).start()
     runner.thread.join(timeout=5)
     (fail,) = control_plane.bodies("fail")
     assert (fail["error"]["code"], fail["retryable"]) == (agent.JOB_TYPE_UNSUPPORTED, False)

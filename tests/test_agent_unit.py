@@ -297,6 +297,14 @@ def test_a_corrupt_node_id_is_a_configuration_error(tmp_path):
             },
             "CA_CERT_PATH",
         ),
+        (
+            {"MODELFORGE_AGENT_CONTROL_PLANE_URL": "https://cp.lan", "MODELFORGE_AGENT_WORKER_SOCKET": "worker.sock"},
+            "MODELFORGE_AGENT_WORKER_SOCKET must be an absolute path",
+        ),
+        (
+            {"MODELFORGE_AGENT_CONTROL_PLANE_URL": "https://cp.lan", "MODELFORGE_AGENT_WORKER_SOCKET": "/" + "s" * 107},
+            "MODELFORGE_AGENT_WORKER_SOCKET is longer than a Unix socket path",
+        ),
     ],
 )
 def test_configuration_refusals_name_the_variable(env, named):
