@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
+WORKER_INSTALLED := $(VENV)/.installed-worker
 
-.PHONY: run test migrate lint bench clean
+.PHONY: run run-worker test migrate lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,20 @@ run: migrate
 migrate: $(INSTALLED)
 	$(BIN)/python -m app.instance
 	$(BIN)/flask --app wsgi db upgrade
+
+$(WORKER_INSTALLED): $(INSTALLED)
+	$(BIN)/pip install --quiet -e '.[worker]'
+	touch $@
+
+## Start the runtime worker here (W1). Defaults for local use: socket instance/worker.sock, models
+## under instance/artifacts (model paths in jobs are relative to it), accelerator auto; set
+## MODELFORGE_WORKER_SOCKET, MODELFORGE_WORKER_ARTIFACT_DIR or MODELFORGE_WORKER_ACCELERATOR_MODE to
+## change them. The first run compiles llama-cpp-python (about 5 minutes; pip caches the wheel).
+run-worker: $(WORKER_INSTALLED)
+	mkdir -p "$${MODELFORGE_WORKER_ARTIFACT_DIR:-instance/artifacts}"
+	MODELFORGE_WORKER_SOCKET="$${MODELFORGE_WORKER_SOCKET:-instance/worker.sock}" \
+	MODELFORGE_WORKER_ARTIFACT_DIR="$${MODELFORGE_WORKER_ARTIFACT_DIR:-instance/artifacts}" \
+	exec $(BIN)/python -m modelforge_runtime_worker
 
 ## Install the test extra and run the whole suite.
 test: $(TEST_INSTALLED)
