@@ -57,6 +57,8 @@ class AgentProcess:
             "MODELFORGE_AGENT_HF_CACHE_DIR": str(self.home / "hf-cache"),
             "MODELFORGE_AGENT_ARTIFACT_DIR": str(self.home / "artifacts"),
             "MODELFORGE_AGENT_QUARANTINE_DIR": str(self.home / "quarantine"),
+            # W1: no runtime worker unless a test starts one, even if this machine runs one at the default.
+            "MODELFORGE_AGENT_WORKER_SOCKET": "/nonexistent/modelforge-test-worker.sock",
             **env,
         }
         self.process: subprocess.Popen | None = None
