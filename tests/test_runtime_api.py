@@ -534,3 +534,19 @@ def test_the_runtime_error_codes_each_say_what_to_do_next(client, node, artifact
     assert requeued["state"] == "queued"
     assert "runtime worker container" in requeued["error"]["next_step"]
     assert "socket volume" in requeued["error"]["next_step"]
+
+
+def test_a_smoke_test_with_every_output_long_fits_through_complete(client, node, artifact):
+    """Sixteen outputs of 20,000 characters are past the general 256 KiB body limit; complete reads them."""
+    prompts = [f"prompt {number}" for number in range(16)]
+    job = create(client, GENERATE, node["id"], {"artifact_id": artifact["id"], **GOOD_GENERATE, "prompts": prompts})
+    job_id = job.get_json()["id"]
+    agent(client, node, "jobs/claim", capabilities=EVERY_TYPE)
+    output = generate_result("x")["outputs"][0]
+    outputs = [{**output, "prompt": prompt, "text": "word " * 4000} for prompt in prompts]
+    response = complete(client, node, job_id, generate_result(artifact["id"], outputs=outputs))
+    assert response.status_code == 200, response.get_json()
+    assert len(api_job(client, job_id)["result"]["outputs"]) == 16
+    # Other agent routes keep the general limit.
+    huge = {**factories.heartbeat_body(), "pad": "x" * (300 * 1024)}
+    assert client.post("/api/v1/agent/heartbeat", json=huge, headers=node["auth"]).status_code == 413
