@@ -447,12 +447,17 @@ def test_a_symlink_that_stays_inside_the_artifact_dir_is_followed(worker):
     assert status["state"] == "succeeded", status
 
 
-@pytest.mark.parametrize("model_path", ["not-gguf.gguf", "truncated.gguf"])
-def test_a_file_llama_cpp_cannot_load_fails_the_job_with_model_load_failed(worker, model_path):
+@pytest.mark.parametrize(
+    ("model_path", "reason"),
+    [("not-gguf.gguf", "not a GGUF file"), ("truncated.gguf", "not within the file bounds")],
+)
+def test_a_file_llama_cpp_cannot_load_fails_the_job_with_model_load_failed(worker, artifacts, model_path, reason):
     status = worker.run_job("runtime.benchmark.v1", benchmark(model_path, **SMALL_BENCHMARK))
     assert status["state"] == "failed"
     assert status["error"]["code"] == "MODEL_LOAD_FAILED"
     assert status["error"]["retryable"] is False
+    assert reason in status["error"]["message"]
+    assert str(artifacts) not in status["error"]["message"], "the worker's own paths stay out of job errors"
     assert status["result"] is None
     assert_serves(worker)
 

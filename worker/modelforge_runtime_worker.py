@@ -264,6 +264,7 @@ class Engine:
         self._log_callback = None  # kept referenced: llama.cpp calls it for the life of the process
         self._last_level = logging.INFO
         self._info: dict | None = None
+        self.first_error: str | None = None  # llama.cpp's first error line since clear_errors()
 
     @staticmethod
     def installed() -> bool:
@@ -287,6 +288,12 @@ class Engine:
         message = text.decode("utf-8", "replace").strip()
         if message and level >= logging.WARNING:
             log.log(level, "llama.cpp: %s", message)
+        if message and level >= logging.ERROR and self.first_error is None:
+            self.first_error = message
+
+    def clear_errors(self) -> None:
+        """Forget llama.cpp's earlier error lines (one job at a time: the next ones are its own)."""
+        self.first_error = None
 
     def info(self) -> dict:
         """The engine as /v1/info and results name it."""
@@ -932,6 +939,7 @@ class Worker:
         if magic != GGUF_MAGIC:
             raise JobFailed(MODEL_LOAD_FAILED, f"not a GGUF file (starts with {magic!r}, not {GGUF_MAGIC!r})")
         job.cancel.check()
+        self.engine.clear_errors()
         start = time.perf_counter()
         try:
             llm = llama_cpp.Llama(
@@ -944,7 +952,10 @@ class Worker:
                 verbose=False,
             )
         except (ValueError, RuntimeError, OSError) as error:
-            raise JobFailed(MODEL_LOAD_FAILED, f"llama.cpp could not load the model: {error}") from None
+            # llama.cpp's own reason (a tensor past the end of the file…) says more than the
+            # wrapper's "Failed to load model from file", which also names the worker's path.
+            reason = self.engine.first_error or type(error).__name__
+            raise JobFailed(MODEL_LOAD_FAILED, f"llama.cpp could not load the model: {reason}") from None
         load_seconds = time.perf_counter() - start
         log.info("job %s: model loaded in %.3f s (n_gpu_layers %d, n_ctx %d)", job.id, load_seconds, gpu_layers, n_ctx)
         if job.cancel.is_set():
@@ -1149,7 +1160,12 @@ def clear_stale_socket(path: Path) -> None:
         probe.connect(str(path))
     except (ConnectionRefusedError, FileNotFoundError):
         log.info("removing the stale socket %s (nothing answers on it)", path)
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as error:
+            raise ConfigError(
+                f"MODELFORGE_WORKER_SOCKET={path} is stale but cannot be removed ({error.strerror})"
+            ) from None
         return
     except OSError as error:
         raise Unavailable(
