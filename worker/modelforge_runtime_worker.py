@@ -1025,6 +1025,10 @@ class WorkerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.worker = worker
         super().__init__(str(path), WorkerHandler)
 
+    def handle_error(self, request, client_address) -> None:
+        """A connection that broke (the client went away mid-answer): one log line, not a traceback."""
+        log.warning("a connection ended badly: %r", sys.exc_info()[1])
+
 
 class WorkerHandler(BaseHTTPRequestHandler):
     """Protocol version 1: four routes, JSON in and out, one error shape."""
@@ -1046,7 +1050,7 @@ class WorkerHandler(BaseHTTPRequestHandler):
         """A Unix socket peer has no address; say so in log lines."""
         return "unix-peer"
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args) -> None:
         """Request lines at debug level: the agent polls often."""
         log.debug("%s", format % args)
 
