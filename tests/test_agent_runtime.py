@@ -9,14 +9,9 @@ control plane is the recording fake of tests/agent_support.py.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import socket
 import socketserver
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -32,7 +27,7 @@ from tests.agent_support import (
     make_config,
     runner_for,
 )
-from tests.support import PROJECT_ROOT
+from tests.worker_support import WorkerProcess, short_socket_dir
 
 ARTIFACT = "registry/models/org/tiny/0123456789abcdef0123456789abcdef01234567"
 MODEL_FILE = "gguf/tiny.gguf"
@@ -49,64 +44,9 @@ LONG_BENCHMARK = {"prompt_tokens": 1024, "generate_tokens": 1000, "repetitions":
 @pytest.fixture
 def socket_dir():
     """A short directory for Unix sockets (a sun_path holds 107 bytes; pytest's tmp_path can be longer)."""
-    path = Path(tempfile.mkdtemp(prefix="mf-", dir="/tmp"))
+    path = short_socket_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-class WorkerProcess:
-    """The real runtime worker, CPU only, serving `artifacts` on `socket_path`."""
-
-    def __init__(self, socket_path: Path, artifacts: Path, log_path: Path) -> None:
-        self.socket_path, self.artifacts, self.log_path = socket_path, artifacts, log_path
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> WorkerProcess:
-        """Start it and wait until GET /v1/info answers."""
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "PYTHONPATH": str(PROJECT_ROOT / "worker"),
-            "MODELFORGE_WORKER_SOCKET": str(self.socket_path),
-            "MODELFORGE_WORKER_ARTIFACT_DIR": str(self.artifacts),
-            "MODELFORGE_WORKER_ACCELERATOR_MODE": "cpu",
-        }
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "modelforge_runtime_worker"], env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-        client = agent.WorkerClient(str(self.socket_path))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                client.info()
-                return self
-            except agent.WorkerError:
-                if self.process.poll() is not None:
-                    break
-                time.sleep(0.05)
-        raise AssertionError(f"the worker did not answer within 30s:\n{self.log()}")
-
-    def info(self) -> dict:
-        """GET /v1/info, as the agent's client reads it."""
-        return agent.WorkerClient(str(self.socket_path)).info()
-
-    def kill(self) -> None:
-        """SIGKILL: no goodbye, the socket file stays behind."""
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        """SIGTERM, and wait for it to go."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 @pytest.fixture
@@ -459,7 +399,7 @@ def test_a_benchmark_runs_in_the_worker_and_its_result_names_the_artifact(tmp_pa
     caplog.set_level("INFO", logger="modelforge_node_agent")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(agent.log, "propagate", True)
-        runner = runner_for(config, runtime_job(worker.artifacts)).start()
+        runner = runner_for(config, runtime_job(worker.artifact_dir)).start()
         runner.thread.join(timeout=60)
     (complete,) = control_plane.bodies("complete")
     result = complete["result"]
@@ -475,7 +415,7 @@ def test_a_benchmark_runs_in_the_worker_and_its_result_names_the_artifact(tmp_pa
     assert all(body.keys() <= {*agent.Progress().to_wire(), "phase", "steps_done", "steps_total"} for body in progress)
     assert all(body["bytes_done"] == body["files_done"] == 0 for body in progress)
     assert f"job job-7 ({agent.RUNTIME_BENCHMARK_JOB_TYPE}, attempt 1) succeeded: {MODEL_FILE}: prompt " in caplog.text
-    assert worker.info()["job"]["state"] == "succeeded"
+    assert worker.call("GET", "/v1/info")[1]["job"]["state"] == "succeeded"
     assert_matches_the_servers_schema(result, "BenchmarkResult")
     for body in control_plane.bodies("progress"):
         assert_matches_the_servers_schema(body, "ProgressRequest")
@@ -484,7 +424,7 @@ def test_a_benchmark_runs_in_the_worker_and_its_result_names_the_artifact(tmp_pa
 def test_a_generate_job_returns_the_text_twice_the_same(tmp_path, worker, control_plane):
     config = worker_config(tmp_path, control_plane, worker.socket_path)
     for _ in range(2):
-        runner = runner_for(config, runtime_job(worker.artifacts, agent.RUNTIME_GENERATE_JOB_TYPE)).start()
+        runner = runner_for(config, runtime_job(worker.artifact_dir, agent.RUNTIME_GENERATE_JOB_TYPE)).start()
         runner.thread.join(timeout=60)
     first, second = (body["result"] for body in control_plane.bodies("complete"))
     assert first["artifact_id"] == ARTIFACT_ID and first["model_file"] == MODEL_FILE
@@ -536,16 +476,16 @@ def test_a_model_file_that_is_not_a_verified_artifact_file_never_reaches_the_wor
     tmp_path, worker, control_plane, spoil, params, says
 ):
     if spoil is not None:
-        spoil(worker.artifacts / ARTIFACT)
-    params = {key: value.format(artifacts=worker.artifacts) for key, value in params.items()}
+        spoil(worker.artifact_dir / ARTIFACT)
+    params = {key: value.format(artifacts=worker.artifact_dir) for key, value in params.items()}
     config = worker_config(tmp_path, control_plane, worker.socket_path)
-    runner = runner_for(config, runtime_job(worker.artifacts, **params)).start()
+    runner = runner_for(config, runtime_job(worker.artifact_dir, **params)).start()
     runner.thread.join(timeout=10)
     (fail,) = control_plane.bodies("fail")
     assert_matches_the_servers_schema(fail, "FailRequest")
     assert (fail["error"]["code"], fail["retryable"]) == (agent.MODEL_FILE_INVALID, False)
     assert says in fail["error"]["message"]
-    assert worker.info()["job"] is None  # the worker was never asked
+    assert worker.call("GET", "/v1/info")[1]["job"] is None  # the worker was never asked
 
 
 def test_bad_params_fail_naming_the_field_before_the_worker_is_asked(tmp_path, worker, control_plane):
@@ -554,9 +494,9 @@ def test_bad_params_fail_naming_the_field_before_the_worker_is_asked(tmp_path, w
         ({"artifact_id": None}, "params.artifact_id"),
         ({"container_path": "rel"}, "params.container_path"),
     ):
-        runner_for(config, runtime_job(worker.artifacts, **params)).start().thread.join(timeout=10)
+        runner_for(config, runtime_job(worker.artifact_dir, **params)).start().thread.join(timeout=10)
         assert control_plane.bodies("fail")[-1]["error"]["message"].startswith(named)
-    runner_for(config, runtime_job(worker.artifacts, repetitions=0)).start().thread.join(timeout=10)
+    runner_for(config, runtime_job(worker.artifact_dir, repetitions=0)).start().thread.join(timeout=10)
     last = control_plane.bodies("fail")[-1]
     assert (last["error"]["code"], last["retryable"]) == (agent.JOB_PARAMS_INVALID, False)
     assert "params.repetitions" in last["error"]["message"]  # the worker names what it refused
@@ -564,11 +504,11 @@ def test_bad_params_fail_naming_the_field_before_the_worker_is_asked(tmp_path, w
 
 def test_a_file_the_worker_cannot_load_fails_with_the_workers_code(tmp_path, worker, control_plane):
     tiny_gguf = pytest.importorskip("tests.tiny_gguf")
-    model = worker.artifacts / ARTIFACT / MODEL_FILE
+    model = worker.artifact_dir / ARTIFACT / MODEL_FILE
     tiny_gguf.write_not_gguf(model)
-    write_manifest(worker.artifacts / ARTIFACT, {MODEL_FILE: model.stat().st_size})
+    write_manifest(worker.artifact_dir / ARTIFACT, {MODEL_FILE: model.stat().st_size})
     config = worker_config(tmp_path, control_plane, worker.socket_path)
-    runner_for(config, runtime_job(worker.artifacts)).start().thread.join(timeout=30)
+    runner_for(config, runtime_job(worker.artifact_dir)).start().thread.join(timeout=30)
     (fail,) = control_plane.bodies("fail")
     assert fail["error"]["code"] == "MODEL_LOAD_FAILED" and fail["retryable"] is False
 
@@ -584,31 +524,31 @@ def test_cancel_reaches_the_worker_within_a_second_or_two_and_frees_it(tmp_path,
 
     control_plane.scripts["progress"] = progress
     config = worker_config(tmp_path, control_plane, worker.socket_path)
-    runner = runner_for(config, runtime_job(worker.artifacts, **LONG_BENCHMARK)).start()
+    runner = runner_for(config, runtime_job(worker.artifact_dir, **LONG_BENCHMARK)).start()
     (fail,) = control_plane.wait_for("fail", timeout=60)
     assert time.monotonic() - cancelled_at[0] < 2.0
     assert (fail["error"]["code"], fail["retryable"]) == (agent.JOB_CANCELLED, False)
     runner.thread.join(timeout=5)
-    assert worker.info()["job"]["state"] == "cancelled"  # idle again: the next job is taken
+    assert worker.call("GET", "/v1/info")[1]["job"]["state"] == "cancelled"  # idle again: the next job is taken
 
 
 def test_a_stopping_agent_cancels_its_job_in_the_worker_and_reports_nothing(tmp_path, worker, control_plane):
     config = worker_config(tmp_path, control_plane, worker.socket_path)
     running = make_agent(config)
-    running.runner = runner_for(config, runtime_job(worker.artifacts, **LONG_BENCHMARK)).start()
-    wait_until(lambda: (worker.info()["job"] or {}).get("state") == "running")
+    running.runner = runner_for(config, runtime_job(worker.artifact_dir, **LONG_BENCHMARK)).start()
+    wait_until(lambda: (worker.call("GET", "/v1/info")[1]["job"] or {}).get("state") == "running")
     started = time.monotonic()
     running.stop_job()  # what Agent.run does on its way out (SIGTERM)
     assert time.monotonic() - started < agent.JOB_STOP_GRACE_SECONDS + 0.5
     assert not running.runner.alive()
     assert control_plane.bodies("fail") == control_plane.bodies("complete") == []  # the lease decides (J2)
-    assert worker.info()["job"]["state"] == "cancelled"
+    assert worker.call("GET", "/v1/info")[1]["job"]["state"] == "cancelled"
 
 
 def test_a_job_left_running_by_an_earlier_run_is_cancelled_first(tmp_path, worker, control_plane, caplog):
     client = agent.WorkerClient(str(worker.socket_path))
     stale_params = {
-        **runtime_job(worker.artifacts)["params"],
+        **runtime_job(worker.artifact_dir)["params"],
         **LONG_BENCHMARK,
         "model_path": f"{ARTIFACT}/{MODEL_FILE}",
     }
@@ -617,12 +557,12 @@ def test_a_job_left_running_by_an_earlier_run_is_cancelled_first(tmp_path, worke
     caplog.set_level("INFO", logger="modelforge_node_agent")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(agent.log, "propagate", True)
-        runner = runner_for(config, {**runtime_job(worker.artifacts), "attempt": 2}).start()
+        runner = runner_for(config, {**runtime_job(worker.artifact_dir), "attempt": 2}).start()
         runner.thread.join(timeout=60)
     assert len(control_plane.bodies("complete")) == 1 and control_plane.bodies("fail") == []
     assert "the runtime worker still runs job-7-1-stale from an earlier run; cancelling it" in caplog.text
     assert "job job-7-1-stale: cancel requested" in worker.log()
-    assert worker.info()["job"]["state"] == "succeeded"  # the worker keeps only the last job: ours
+    assert worker.call("GET", "/v1/info")[1]["job"]["state"] == "succeeded"  # the worker keeps only the last job: ours
 
 
 def test_a_killed_worker_fails_the_job_retryable_and_is_advertised_again_once_back(
@@ -648,7 +588,7 @@ def test_a_killed_worker_fails_the_job_retryable_and_is_advertised_again_once_ba
             running.maybe_claim()  # the claim after start-up: nothing waits
             running.claim_due = True
             running.maybe_claim()  # this one gets the benchmark
-            wait_until(lambda: (process.info()["job"] or {}).get("state") == "running")
+            wait_until(lambda: (process.call("GET", "/v1/info")[1]["job"] or {}).get("state") == "running")
             process.kill()
             running.runner.thread.join(timeout=10)
             running.publish_once()  # the agent goes on publishing

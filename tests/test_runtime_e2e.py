@@ -26,6 +26,8 @@ BENCHMARK = "runtime.benchmark.v1"
 GENERATE = "runtime.generate.v1"
 SMALL_BENCHMARK = {"prompt_tokens": 64, "generate_tokens": 16, "repetitions": 2}
 PROMPTS = ["Once upon a time", "The capital of"]
+# Seconds of work for the tiny model (inside its 2048-token context): still running when a test acts.
+LONG_BENCHMARK = {"prompt_tokens": 1024, "generate_tokens": 1000, "repetitions": 20}
 
 
 @pytest.fixture
@@ -55,19 +57,18 @@ def _no_worker_outlives_its_test():
         _workers.pop().kill()
 
 
-def start_worker(artifact_dir: Path, log_dir: Path, socket_dir: Path | None = None) -> WorkerProcess:
+def start_worker(socket_path: Path, artifact_dir: Path, log_dir: Path) -> WorkerProcess:
     log_dir.mkdir(parents=True, exist_ok=True)
-    worker = WorkerProcess(artifact_dir, log_dir / "worker.log", socket_dir=socket_dir).start()
+    worker = WorkerProcess(socket_path, artifact_dir, log_dir / "worker.log").start()
     _workers.append(worker)
     return worker
 
 
 def runtime_node(tmp_path: Path, server: GunicornServer, hub: StandinHub, repo_id: str):
     """A worker serving the agent's artifact directory, the agent beside it, and one acquired artifact."""
-    socket_dir = short_socket_dir()
     artifacts = tmp_path / "agent" / "artifacts"
     artifacts.mkdir(parents=True)
-    worker = start_worker(artifacts, tmp_path, socket_dir)
+    worker = start_worker(short_socket_dir() / "worker.sock", artifacts, tmp_path)
     agent = start_agent(tmp_path, server, hub, MODELFORGE_AGENT_WORKER_SOCKET=str(worker.socket_path))
     node_id = agent.node_id()
     wait_node_online(server, node_id)
@@ -193,8 +194,7 @@ def test_a_worker_killed_mid_benchmark_fails_the_attempt_retryably_and_the_next_
     tmp_path, jobs_server, hub, model_repo
 ):
     agent, worker, node_id, artifact_id = runtime_node(tmp_path, jobs_server, hub, model_repo)
-    run = {"prompt_tokens": 512, "generate_tokens": 128, "repetitions": 10}
-    job = create(jobs_server, BENCHMARK, node_id, artifact_id=artifact_id, model_file="tiny.gguf", **run)
+    job = create(jobs_server, BENCHMARK, node_id, artifact_id=artifact_id, model_file="tiny.gguf", **LONG_BENCHMARK)
     wait_phase(jobs_server, job["id"], {"prompt", "generate"})  # the worker is measuring
     worker.kill()
 
@@ -203,7 +203,7 @@ def test_a_worker_killed_mid_benchmark_fails_the_attempt_retryably_and_the_next_
     wait_capabilities_without(jobs_server, node_id, BENCHMARK)  # it stops offering what it cannot run
     before = api(jobs_server, "GET", f"/api/v1/hardware/nodes/{node_id}").json()["last_heartbeat_at"]
 
-    start_worker(Path(worker.env["MODELFORGE_WORKER_ARTIFACT_DIR"]), tmp_path / "restarted", worker.socket_dir)
+    start_worker(worker.socket_path, worker.artifact_dir, tmp_path / "restarted")  # on the stale socket
     done = wait_job(jobs_server, job["id"], {"succeeded", "failed"}, timeout=240)
     assert done["state"] == "succeeded" and done["attempt"] == 2, done
     node = api(jobs_server, "GET", f"/api/v1/hardware/nodes/{node_id}").json()
@@ -233,12 +233,16 @@ def wait_capabilities_without(server, node_id: str, job_type: str, timeout: floa
 
 def test_cancel_stops_the_worker_within_a_second_and_frees_it(tmp_path, jobs_server, hub, model_repo):
     agent, worker, node_id, artifact_id = runtime_node(tmp_path, jobs_server, hub, model_repo)
-    long_run = {"prompt_tokens": 512, "generate_tokens": 128, "repetitions": 50}
-    job = create(jobs_server, BENCHMARK, node_id, artifact_id=artifact_id, model_file="tiny.gguf", **long_run)
-    wait_job(jobs_server, job["id"], {"running"})
+    job = create(jobs_server, BENCHMARK, node_id, artifact_id=artifact_id, model_file="tiny.gguf", **LONG_BENCHMARK)
+    wait_phase(jobs_server, job["id"], {"prompt", "generate"})
+    asked = time.monotonic()
     assert api(jobs_server, "POST", f"/api/v1/admin/jobs/{job['id']}/cancel").status_code == 200
     done = wait_job(jobs_server, job["id"], {"cancelled", "succeeded", "failed"}, timeout=10)
+    took = time.monotonic() - asked
     assert done["state"] == "cancelled", done
+    # J2: the agent hears it within one progress interval (1 s here), the worker stops within a second.
+    assert took < 1 + 1 + 1, took
+    assert worker.call("GET", "/v1/info")[1]["job"]["state"] == "cancelled"  # idle, the model freed
     job = create(
         jobs_server, GENERATE, node_id, artifact_id=artifact_id, model_file="tiny.gguf", prompts=["Hi"], max_tokens=4
     )

@@ -6,16 +6,11 @@ environment, on a tiny random-weight llama model that llama.cpp really loads and
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
 import signal
-import socket
 import stat
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -23,11 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.tiny_gguf import write_not_gguf, write_tiny_llama, write_truncated
+from tests.worker_support import UnixHTTPConnection, WorkerProcess, answers, short_socket_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FAKE_NVML_DIR = PROJECT_ROOT / "tests" / "fake_nvml"
-START_TIMEOUT = 30.0
-JOB_TIMEOUT = 120.0
 SMALL_BENCHMARK = {"prompt_tokens": 32, "generate_tokens": 8, "repetitions": 2}
 # Long enough that it is still running whenever a test cancels or kills it (minutes on the tiny model).
 LONG_BENCHMARK = {"prompt_tokens": 1024, "generate_tokens": 4096, "repetitions": 50}
@@ -47,150 +41,6 @@ GENERATE_RESULT_FIELDS = {
     "outputs",
 }
 STATUS_FIELDS = {"id", "type", "state", "phase", "steps_done", "steps_total", "result", "error"}
-
-
-# --------------------------------------------------------------------------- talking to the worker
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """http.client over a Unix stream socket, as the agent talks to the worker."""
-
-    def __init__(self, socket_path: str, timeout: float = 10.0) -> None:
-        super().__init__("worker", timeout=timeout)
-        self.socket_path = socket_path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.socket_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-def call(socket_path: Path, method: str, path: str, body: object = None, raw: bytes | None = None) -> tuple[int, dict]:
-    """One request on a fresh connection; the status and the JSON answer."""
-    connection = UnixHTTPConnection(str(socket_path))
-    try:
-        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        connection.request(method, path, body=data, headers=headers)
-        response = connection.getresponse()
-        payload = response.read()
-        assert response.getheader("Content-Type") == "application/json", payload
-        return response.status, json.loads(payload)
-    finally:
-        connection.close()
-
-
-def answers(socket_path: Path) -> bool:
-    """Whether a worker answers GET /v1/info on the socket."""
-    try:
-        return call(socket_path, "GET", "/v1/info")[0] == 200
-    except OSError:
-        return False
-
-
-def short_socket_dir() -> Path:
-    """A directory under /tmp: pytest's tmp_path is too long for a Unix socket path (107 bytes)."""
-    return Path(tempfile.mkdtemp(prefix="mfw-", dir="/tmp"))
-
-
-class WorkerProcess:
-    """`python -m modelforge_runtime_worker` with its socket, artifact directory and log."""
-
-    def __init__(self, socket_path: Path, artifact_dir: Path, log_path: Path, **env: str) -> None:
-        self.socket_path = socket_path
-        self.artifact_dir = artifact_dir
-        self.log_path = log_path
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "MODELFORGE_WORKER_SOCKET": str(socket_path),
-            "MODELFORGE_WORKER_ARTIFACT_DIR": str(artifact_dir),
-            "MODELFORGE_WORKER_ACCELERATOR_MODE": "cpu",
-            **env,
-        }
-        self.process: subprocess.Popen | None = None
-
-    def log(self) -> str:
-        """What the worker logged so far."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def run(self, *args: str, timeout: float = START_TIMEOUT) -> subprocess.CompletedProcess:
-        """Run the worker to its end (settings errors, --check); stdout and stderr captured."""
-        return subprocess.run(
-            [sys.executable, "-m", "modelforge_runtime_worker", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    def start(self) -> WorkerProcess:
-        """Start the worker and wait until it answers on its socket."""
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "modelforge_runtime_worker"], env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + START_TIMEOUT
-        while not answers(self.socket_path):
-            assert self.process.poll() is None, f"the worker exited {self.process.returncode}:\n{self.log()}"
-            assert time.monotonic() < deadline, f"the worker did not answer within {START_TIMEOUT} s:\n{self.log()}"
-            time.sleep(0.05)
-        return self
-
-    def call(self, method: str, path: str, body: object = None, raw: bytes | None = None) -> tuple[int, dict]:
-        """One request to this worker."""
-        return call(self.socket_path, method, path, body, raw)
-
-    def submit(self, job_type: str, params: dict, job_id: str | None = None) -> tuple[int, dict]:
-        """POST /v1/jobs."""
-        body = {"id": job_id or str(uuid.uuid4()), "type": job_type, "params": params}
-        return self.call("POST", "/v1/jobs", body)
-
-    def wait_until(self, job_id: str, done, timeout: float = JOB_TIMEOUT) -> dict:
-        """Poll the job's status until done(status) holds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            code, status = self.call("GET", f"/v1/jobs/{job_id}")
-            assert code == 200, status
-            if done(status):
-                return status
-            assert time.monotonic() < deadline, f"job {job_id} still {status} after {timeout} s:\n{self.log()}"
-            time.sleep(0.02)
-
-    def finish(self, job_id: str) -> dict:
-        """Poll until the job has ended; its status."""
-        return self.wait_until(job_id, lambda status: status["state"] != "running")
-
-    def run_job(self, job_type: str, params: dict) -> dict:
-        """Submit a job and wait for its end."""
-        code, status = self.submit(job_type, params)
-        assert code == 202, status
-        return self.finish(status["id"])
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        """Signal the worker and wait for it; its exit code."""
-        if self.process is None:
-            return 0
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout=15)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-
-    def rss_bytes(self) -> int:
-        """The worker's resident set now (VmRSS)."""
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise AssertionError("no VmRSS")
 
 
 # --------------------------------------------------------------------------- fixtures

@@ -1,4 +1,7 @@
-"""Running the real runtime worker as a subprocess, and talking to it over its Unix socket."""
+"""The real runtime worker as a subprocess, and HTTP to it over its Unix socket (W1).
+
+Shared by the worker's own tests, the agent's relay tests and the end-to-end tests.
+"""
 
 from __future__ import annotations
 
@@ -11,91 +14,155 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
+START_TIMEOUT = 30.0
+JOB_TIMEOUT = 120.0
 
-class UnixConnection(http.client.HTTPConnection):
-    """http.client over an AF_UNIX socket (the worker has no TCP port)."""
 
-    def __init__(self, path: str, timeout: float = 10) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = path
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a Unix stream socket, as the agent talks to the worker."""
+
+    def __init__(self, socket_path: str, timeout: float = 10.0) -> None:
+        super().__init__("worker", timeout=timeout)
+        self.socket_path = socket_path
 
     def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(self.socket_path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
 
 
-def call(socket_path: str | Path, method: str, path: str, body: object = None, timeout: float = 10):
-    """One request to the worker: (status, parsed JSON reply)."""
-    connection = UnixConnection(str(socket_path), timeout=timeout)
+def call(socket_path: Path, method: str, path: str, body: object = None, raw: bytes | None = None) -> tuple[int, dict]:
+    """One request on a fresh connection; the status and the JSON answer."""
+    connection = UnixHTTPConnection(str(socket_path))
     try:
-        payload = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if payload is not None else {}
-        connection.request(method, path, body=payload, headers=headers)
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        connection.request(method, path, body=data, headers=headers)
         response = connection.getresponse()
-        raw = response.read()
-        return response.status, (json.loads(raw) if raw else None)
+        payload = response.read()
+        assert response.getheader("Content-Type") == "application/json", payload
+        return response.status, json.loads(payload)
     finally:
         connection.close()
 
 
+def answers(socket_path: Path) -> bool:
+    """Whether a worker answers GET /v1/info on the socket."""
+    try:
+        return call(socket_path, "GET", "/v1/info")[0] == 200
+    except OSError:
+        return False
+
+
 def short_socket_dir() -> Path:
-    """A directory whose socket path fits AF_UNIX's ~107 bytes (pytest's tmp_path may not)."""
-    return Path(tempfile.mkdtemp(prefix="mf-w-", dir="/tmp"))
+    """A directory under /tmp: pytest's tmp_path is too long for a Unix socket path (107 bytes)."""
+    return Path(tempfile.mkdtemp(prefix="mfw-", dir="/tmp"))
 
 
 class WorkerProcess:
-    """`python -m modelforge_runtime_worker` on a short socket path, serving `artifact_dir`."""
+    """`python -m modelforge_runtime_worker` with its socket, artifact directory and log."""
 
-    def __init__(self, artifact_dir: Path, log_path: Path, socket_dir: Path | None = None, **env: str) -> None:
-        self.socket_dir = socket_dir or short_socket_dir()
-        self.socket_path = self.socket_dir / "worker.sock"
+    def __init__(self, socket_path: Path, artifact_dir: Path, log_path: Path, **env: str) -> None:
+        self.socket_path = socket_path
+        self.artifact_dir = artifact_dir
         self.log_path = log_path
         self.env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "MODELFORGE_WORKER_SOCKET": str(self.socket_path),
+            "MODELFORGE_WORKER_SOCKET": str(socket_path),
             "MODELFORGE_WORKER_ARTIFACT_DIR": str(artifact_dir),
             "MODELFORGE_WORKER_ACCELERATOR_MODE": "cpu",
             **env,
         }
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 20) -> WorkerProcess:
-        """Start it and wait until it answers GET /v1/info."""
+    def log(self) -> str:
+        """What the worker logged so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def run(self, *args: str, timeout: float = START_TIMEOUT) -> subprocess.CompletedProcess:
+        """Run the worker to its end (settings errors, --check); stdout and stderr captured."""
+        return subprocess.run(
+            [sys.executable, "-m", "modelforge_runtime_worker", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def start(self) -> WorkerProcess:
+        """Start the worker and wait until it answers on its socket."""
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "modelforge_runtime_worker"], env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"the worker exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                if call(self.socket_path, "GET", "/v1/info", timeout=2)[0] == 200:
-                    return self
-            except OSError:
-                pass
+        deadline = time.monotonic() + START_TIMEOUT
+        while not answers(self.socket_path):
+            assert self.process.poll() is None, f"the worker exited {self.process.returncode}:\n{self.log()}"
+            assert time.monotonic() < deadline, f"the worker did not answer within {START_TIMEOUT} s:\n{self.log()}"
             time.sleep(0.05)
-        raise AssertionError(f"the worker never answered on {self.socket_path}:\n{self.log()}")
+        return self
+
+    def call(self, method: str, path: str, body: object = None, raw: bytes | None = None) -> tuple[int, dict]:
+        """One request to this worker."""
+        return call(self.socket_path, method, path, body, raw)
+
+    def submit(self, job_type: str, params: dict, job_id: str | None = None) -> tuple[int, dict]:
+        """POST /v1/jobs."""
+        body = {"id": job_id or str(uuid.uuid4()), "type": job_type, "params": params}
+        return self.call("POST", "/v1/jobs", body)
+
+    def wait_until(self, job_id: str, done, timeout: float = JOB_TIMEOUT) -> dict:
+        """Poll the job's status until done(status) holds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            code, status = self.call("GET", f"/v1/jobs/{job_id}")
+            assert code == 200, status
+            if done(status):
+                return status
+            assert time.monotonic() < deadline, f"job {job_id} still {status} after {timeout} s:\n{self.log()}"
+            time.sleep(0.02)
+
+    def finish(self, job_id: str) -> dict:
+        """Poll until the job has ended; its status."""
+        return self.wait_until(job_id, lambda status: status["state"] != "running")
+
+    def run_job(self, job_type: str, params: dict) -> dict:
+        """Submit a job and wait for its end."""
+        code, status = self.submit(job_type, params)
+        assert code == 202, status
+        return self.finish(status["id"])
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Signal the worker and wait for it; its exit code."""
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=15)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
 
     def kill(self) -> None:
-        """SIGKILL: the worker dies as an OOM kill would leave it (its socket file stays)."""
-        if self.process and self.process.poll() is None:
+        """SIGKILL, as an OOM kill leaves it: no goodbye, the socket file stays behind."""
+        if self.process is not None and self.process.poll() is None:
             self.process.kill()
-            self.process.wait()
+            self.process.wait(timeout=10)
 
-    def stop(self, timeout: float = 10) -> None:
-        """SIGTERM, then SIGKILL if it does not go."""
-        if not self.process or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def log(self) -> str:
-        """What the worker printed."""
-        return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
+    def rss_bytes(self) -> int:
+        """The worker's resident set now (VmRSS)."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
