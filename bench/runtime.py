@@ -24,8 +24,6 @@ figures are dominated by per-call overhead: the harshest case for the worker's s
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import os
 import shutil
 import signal
@@ -44,34 +42,9 @@ sys.path.insert(0, str(PROJECT_ROOT))
 from modelforge_runtime_worker import SEED, measure_benchmark  # noqa: E402
 
 from tests.tiny_gguf import write_tiny_llama  # noqa: E402
+from tests.worker_support import call  # noqa: E402
 
 POLL_SECONDS = 0.2  # slow polling: this process shares the CPU with the worker it measures
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """http.client over the worker's Unix socket."""
-
-    def __init__(self, socket_path: str) -> None:
-        super().__init__("worker", timeout=30)
-        self.socket_path = socket_path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self.socket_path)
-        self.sock = sock
-
-
-def call(socket_path: Path, method: str, path: str, body: object = None) -> tuple[int, dict]:
-    """One request; the status and the JSON answer."""
-    connection = UnixHTTPConnection(str(socket_path))
-    try:
-        data = json.dumps(body).encode() if body is not None else None
-        connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, json.loads(response.read())
-    finally:
-        connection.close()
 
 
 def vm_rss(pid: int) -> int:
