@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from decimal import Decimal
 
 from flask_wtf import FlaskForm
@@ -236,12 +237,15 @@ def parse_patterns(text: str) -> list[str] | None:
     return patterns or None
 
 
-class Patterns:
-    """A field validator for `parse_patterns`."""
+class ParsedBy:
+    """A field validator: the text must parse with `parser` (whose ValueError says what is wrong)."""
+
+    def __init__(self, parser: Callable[[str], object]) -> None:
+        self.parser = parser
 
     def __call__(self, form, field) -> None:
         try:
-            parse_patterns(field.data or "")
+            self.parser(field.data or "")
         except ValueError as error:
             raise ValidationError(f"{str(error).capitalize()}.") from None
 
@@ -271,8 +275,8 @@ class AcquireForm(FlaskForm):
     repo_type = SelectField("Type", choices=REPO_TYPE_CHOICES, default="model")
     # Choices are this node's roots; a root of another node is refused here with words, not "Not a valid choice".
     storage_root_id = SelectField("Storage root", validate_choice=False)
-    allow_patterns = TextAreaField("Only files matching", validators=[Length(max=20_000), Patterns()])
-    ignore_patterns = TextAreaField("Skip files matching", validators=[Length(max=20_000), Patterns()])
+    allow_patterns = TextAreaField("Only files matching", validators=[Length(max=20_000), ParsedBy(parse_patterns)])
+    ignore_patterns = TextAreaField("Skip files matching", validators=[Length(max=20_000), ParsedBy(parse_patterns)])
 
     def __init__(self, roots: list[StorageRoot], **kwargs) -> None:
         super().__init__(**kwargs)
@@ -383,23 +387,13 @@ def parse_prompts(text: str) -> list[str]:
     return prompts
 
 
-class Prompts:
-    """A field validator for `parse_prompts`."""
-
-    def __call__(self, form, field) -> None:
-        try:
-            parse_prompts(field.data or "")
-        except ValueError as error:
-            raise ValidationError(f"{str(error).capitalize()}.") from None
-
-
 class GenerateForm(RuntimeJobForm):
     """W2: runtime.generate.v1, the smoke test that a model answers (temperature 0, fixed seed)."""
 
     prompts = TextAreaField(
         "Prompts",
         default="The capital of France is",
-        validators=[Length(max=runtime.MAX_PROMPTS * (runtime.MAX_PROMPT_LENGTH + 2)), Prompts()],
+        validators=[Length(max=runtime.MAX_PROMPTS * (runtime.MAX_PROMPT_LENGTH + 2)), ParsedBy(parse_prompts)],
     )
     max_tokens = bounded("Max tokens", runtime.MAX_TOKENS)
 

@@ -398,6 +398,16 @@ def acquire_form(node_id: str):
     return _refetched_panel(node_id, "partials/_node_acquire.html", _acquire_context)
 
 
+def _show_created(job: Job):
+    """A job a form just queued: its page (a 303, or HX-Redirect for htmx)."""
+    target = url_for("console.job_page", job_id=job.id)
+    if not is_htmx_fragment_request():
+        return redirect(target, 303)
+    response = current_app.make_response(("", 201))
+    response.headers["HX-Redirect"] = target
+    return response
+
+
 @bp.post("/hardware/nodes/<node_id>/acquire")
 @login_required
 def acquire(node_id: str):
@@ -409,13 +419,7 @@ def acquire(node_id: str):
         if not is_htmx_fragment_request():
             return _back_to_node(node_id, *_error_lines(form))
         return _panel("partials/_node_acquire.html", 422, node=node, roots=roots, acquire_form=form)
-    job = queue.create(queue.ACQUIRE, node_id, form.params())
-    target = url_for("console.job_page", job_id=job.id)
-    if not is_htmx_fragment_request():
-        return redirect(target, 303)
-    response = current_app.make_response(("", 201))
-    response.headers["HX-Redirect"] = target
-    return response
+    return _show_created(queue.create(queue.ACQUIRE, node_id, form.params()))
 
 
 # --------------------------------------------------------------------------- runtime worker and jobs (W1, W2)
@@ -464,13 +468,7 @@ def _queue_runtime_job(node_id: str, job_type: str):
             return _back_to_node(node_id, *_error_lines(form))
         context = _runtime_jobs_context(node_id, **{f"{name}_form": form})  # the other form stays fresh
         return _panel("partials/_node_runtime_jobs.html", 422, node=node, **context)
-    job = queue.create(job_type, node_id, form.params())
-    target = url_for("console.job_page", job_id=job.id)
-    if not is_htmx_fragment_request():
-        return redirect(target, 303)
-    response = current_app.make_response(("", 201))
-    response.headers["HX-Redirect"] = target
-    return response
+    return _show_created(queue.create(job_type, node_id, form.params()))
 
 
 @bp.post("/hardware/nodes/<node_id>/benchmark")
