@@ -167,3 +167,13 @@ def hub():
 
     with StandinHub() as running:
         yield running
+
+
+@pytest.fixture
+def socket_dir():
+    """A short directory for Unix sockets (a sun_path holds 107 bytes; pytest's tmp_path can be longer)."""
+    from tests.worker_support import short_socket_dir
+
+    path = short_socket_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -9,7 +9,6 @@ control plane is the recording fake of tests/agent_support.py.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import socketserver
 import threading
@@ -27,7 +26,7 @@ from tests.agent_support import (
     make_config,
     runner_for,
 )
-from tests.worker_support import WorkerProcess, short_socket_dir
+from tests.worker_support import WorkerProcess
 
 ARTIFACT = "registry/models/org/tiny/0123456789abcdef0123456789abcdef01234567"
 MODEL_FILE = "gguf/tiny.gguf"
@@ -39,14 +38,6 @@ LONG_BENCHMARK = {"prompt_tokens": 1024, "generate_tokens": 1000, "repetitions":
 
 
 # --------------------------------------------------------------------------- the worker, real and stand-in
-
-
-@pytest.fixture
-def socket_dir():
-    """A short directory for Unix sockets (a sun_path holds 107 bytes; pytest's tmp_path can be longer)."""
-    path = short_socket_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from tests.hub_standin import StandinHub
 from tests.support import OPERATOR_KEY, GunicornServer, assert_no_secrets
 from tests.test_acquire_e2e import HF_TOKEN, acquire, add_root, api, start_agent, wait_job, wait_node_online
 from tests.tiny_gguf import write_not_gguf, write_tiny_llama, write_truncated
-from tests.worker_support import WorkerProcess, short_socket_dir
+from tests.worker_support import WorkerProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -64,11 +64,11 @@ def start_worker(socket_path: Path, artifact_dir: Path, log_dir: Path) -> Worker
     return worker
 
 
-def runtime_node(tmp_path: Path, server: GunicornServer, hub: StandinHub, repo_id: str):
+def runtime_node(tmp_path: Path, socket_dir: Path, server: GunicornServer, hub: StandinHub, repo_id: str):
     """A worker serving the agent's artifact directory, the agent beside it, and one acquired artifact."""
     artifacts = tmp_path / "agent" / "artifacts"
     artifacts.mkdir(parents=True)
-    worker = start_worker(short_socket_dir() / "worker.sock", artifacts, tmp_path)
+    worker = start_worker(socket_dir / "worker.sock", artifacts, tmp_path)
     agent = start_agent(tmp_path, server, hub, MODELFORGE_AGENT_WORKER_SOCKET=str(worker.socket_path))
     node_id = agent.node_id()
     wait_node_online(server, node_id)
@@ -114,8 +114,10 @@ def create(server, job_type: str, node_id: str, **params) -> dict:
     return response.json()
 
 
-def test_an_acquired_model_is_benchmarked_and_answers_the_same_text_twice(tmp_path, jobs_server, hub, model_repo):
-    agent, worker, node_id, artifact_id = runtime_node(tmp_path, jobs_server, hub, model_repo)
+def test_an_acquired_model_is_benchmarked_and_answers_the_same_text_twice(
+    tmp_path, socket_dir, jobs_server, hub, model_repo
+):
+    agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, model_repo)
     node = api(jobs_server, "GET", f"/api/v1/hardware/nodes/{node_id}").json()
     assert node["runtime_worker"]["compatibility"]["answer"] == "COMPATIBLE"
     assert node["runtime_worker"]["reported"]["engines"][0]["name"] == "llama.cpp"
@@ -160,8 +162,8 @@ def test_an_acquired_model_is_benchmarked_and_answers_the_same_text_twice(tmp_pa
     assert_no_secrets(agent.log() + worker.log(), HF_TOKEN, agent.credential())
 
 
-def test_bad_model_files_fail_clearly_and_the_worker_keeps_serving(tmp_path, jobs_server, hub, model_repo):
-    agent, worker, node_id, artifact_id = runtime_node(tmp_path, jobs_server, hub, model_repo)
+def test_bad_model_files_fail_clearly_and_the_worker_keeps_serving(tmp_path, socket_dir, jobs_server, hub, model_repo):
+    agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, model_repo)
     for model_file in ("notes.txt", "broken.gguf"):
         job = create(jobs_server, BENCHMARK, node_id, artifact_id=artifact_id, model_file=model_file, **SMALL_BENCHMARK)
         done = wait_job(jobs_server, job["id"], {"succeeded", "failed"})
@@ -191,9 +193,9 @@ def test_bad_model_files_fail_clearly_and_the_worker_keeps_serving(tmp_path, job
 
 
 def test_a_worker_killed_mid_benchmark_fails_the_attempt_retryably_and_the_next_one_succeeds(
-    tmp_path, jobs_server, hub, model_repo
+    tmp_path, socket_dir, jobs_server, hub, model_repo
 ):
-    agent, worker, node_id, artifact_id = runtime_node(tmp_path, jobs_server, hub, model_repo)
+    agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, model_repo)
     job = create(jobs_server, BENCHMARK, node_id, artifact_id=artifact_id, model_file="tiny.gguf", **LONG_BENCHMARK)
     wait_phase(jobs_server, job["id"], {"prompt", "generate"})  # the worker is measuring
     worker.kill()
@@ -231,8 +233,8 @@ def wait_capabilities_without(server, node_id: str, job_type: str, timeout: floa
     raise AssertionError(f"the node still advertises {job_type} with its worker gone")
 
 
-def test_cancel_stops_the_worker_within_a_second_and_frees_it(tmp_path, jobs_server, hub, model_repo):
-    agent, worker, node_id, artifact_id = runtime_node(tmp_path, jobs_server, hub, model_repo)
+def test_cancel_stops_the_worker_within_a_second_and_frees_it(tmp_path, socket_dir, jobs_server, hub, model_repo):
+    agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, model_repo)
     job = create(jobs_server, BENCHMARK, node_id, artifact_id=artifact_id, model_file="tiny.gguf", **LONG_BENCHMARK)
     wait_phase(jobs_server, job["id"], {"prompt", "generate"})
     asked = time.monotonic()

@@ -64,14 +64,6 @@ def artifacts(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def socket_dir():
-    """A short directory for a socket, removed afterwards."""
-    path = short_socket_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
 def make_worker(artifacts, socket_dir, tmp_path):
     """Start workers of the test's own; each is stopped (SIGTERM) at the end."""
     started: list[WorkerProcess] = []
