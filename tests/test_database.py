@@ -20,7 +20,7 @@ def test_migrated_schema_matches_the_models(app):
     with app.app_context(), db.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, db.metadata) == []
-        assert context.get_current_revision() == "0004_runtime_worker"
+        assert context.get_current_revision() == "0005_operator_sessions"
 
 
 def test_upgrading_an_existing_database_keeps_its_enrolments(tmp_path):
@@ -127,6 +127,29 @@ def test_upgrading_to_the_runtime_worker_keeps_jobs_and_artifact_links_both_ways
             indexes = {index["name"] for index in sa.inspect(connection).get_indexes("jobs")}
             assert "uq_jobs_one_running_per_node" in indexes
         upgrade()
+        db.engine.dispose()
+
+
+def test_operator_sessions_migrate_up_and_down_on_both_databases(database_url, tmp_path):
+    """0004 → 0005 adds `operator_sessions` (hash unique, expiry indexed); back down drops it (C1)."""
+    from flask_migrate import downgrade, upgrade
+
+    from app import create_app
+    from tests.support import app_env
+
+    app = create_app(app_env(database_url, tmp_path))
+    with app.app_context():
+        downgrade(revision="0004_runtime_worker")
+        with db.engine.connect() as connection:
+            assert "operator_sessions" not in sa.inspect(connection).get_table_names()
+        upgrade()
+        with db.engine.connect() as connection:
+            inspector = sa.inspect(connection)
+            assert "operator_sessions" in inspector.get_table_names()
+            unique = inspector.get_unique_constraints("operator_sessions")
+            assert [constraint["column_names"] for constraint in unique] == [["token_hash"]]
+            indexed = [index["column_names"] for index in inspector.get_indexes("operator_sessions")]
+            assert ["expires_at"] in indexed
         db.engine.dispose()
 
 

@@ -5,21 +5,22 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import secrets
 from datetime import timedelta
 from functools import wraps
 from urllib.parse import urlsplit
 
 import sqlalchemy as sa
-from flask import current_app, flash, redirect, render_template, request, session, url_for
+from flask import current_app, flash, g, redirect, render_template, request, session, url_for
 from werkzeug.wrappers import Response
 
 from app import audit, tokens
 from app.config import current_settings
 from app.console import bp
 from app.console.forms import LoginForm
-from app.db import begin_read_only
+from app.db import READ_ONLY, begin_read_only
 from app.extensions import db
-from app.models import AuditEvent
+from app.models import AuditEvent, OperatorSession
 from app.timeutil import utcnow
 
 LOGIN_FAILED = "console.login_failed"
@@ -27,6 +28,11 @@ LOGIN_FAILED = "console.login_failed"
 # the audit table, so the limit holds across gunicorn workers and control-plane replicas.
 MAX_FAILED_LOGINS = 10
 FAILED_LOGIN_WINDOW = timedelta(minutes=10)
+# C1: a session lasts as long as the signed cookie did (12 h); its last-seen time is written at
+# most once a minute, so a console request costs one indexed read and almost never a write.
+SESSION_LIFETIME = timedelta(hours=12)
+LAST_SEEN_RESOLUTION = timedelta(minutes=1)
+SIGN_OUT_EVERYWHERE = "console.sign_out_everywhere"
 
 
 def _key_fingerprint() -> str:
@@ -42,9 +48,65 @@ def _key_fingerprint() -> str:
 
 
 def signed_in() -> bool:
-    """Whether this request carries a live operator session."""
-    fingerprint = session.get("operator")
-    return isinstance(fingerprint, str) and hmac.compare_digest(fingerprint, _key_fingerprint())
+    """Whether this request carries a live operator session (checked once per request)."""
+    if "operator_session_live" not in g:
+        g.operator_session_live = _session_is_live()
+    return g.operator_session_live
+
+
+def _session_is_live() -> bool:
+    """The key fingerprint still matches and the server still holds the session, unrevoked."""
+    fingerprint, session_id = session.get("operator"), session.get("sid")
+    if not (isinstance(fingerprint, str) and hmac.compare_digest(fingerprint, _key_fingerprint())):
+        return False
+    if not isinstance(session_id, str):
+        return False  # a cookie from before server-side sessions: sign in again
+    token_hash = tokens.digest(session_id)
+    now = utcnow()
+    # Its own short connection, so the view's transaction starts as the view wants it (a
+    # reader on SQLite), and the rare last-seen write never waits behind the view's.
+    with db.engine.connect().execution_options(**{READ_ONLY: True}) as connection:
+        row = connection.execute(
+            sa.select(OperatorSession.token_hash, OperatorSession.last_seen_at).where(
+                OperatorSession.token_hash == token_hash,
+                OperatorSession.revoked_at.is_(None),
+                OperatorSession.expires_at > now,
+            )
+        ).first()
+    if row is None or not tokens.same_digest(row.token_hash, session_id):
+        return False
+    if now - row.last_seen_at >= LAST_SEEN_RESOLUTION:
+        with db.engine.begin() as connection:
+            connection.execute(
+                sa.update(OperatorSession)
+                .where(
+                    OperatorSession.token_hash == token_hash, OperatorSession.last_seen_at < now - LAST_SEEN_RESOLUTION
+                )
+                .values(last_seen_at=now)
+            )
+    return True
+
+
+def _start_session(address: str) -> None:
+    """A fresh server-side session; the cookie carries its id, the table only the id's hash (P2)."""
+    session_id = secrets.token_urlsafe(32)
+    now = utcnow()
+    # Sessions long expired are of no use to show: dropped here, where sessions begin.
+    db.session.execute(sa.delete(OperatorSession).where(OperatorSession.expires_at < now - SESSION_LIFETIME))
+    db.session.add(
+        OperatorSession(
+            token_hash=tokens.digest(session_id),
+            created_at=now,
+            last_seen_at=now,
+            expires_at=now + SESSION_LIFETIME,
+            remote_addr=address[:64],
+            user_agent=(request.user_agent.string or "")[:200] or None,
+        )
+    )
+    session.clear()  # a fresh session (and CSRF token) on every sign-in
+    session.permanent = True
+    session["operator"] = _key_fingerprint()
+    session["sid"] = session_id
 
 
 def _safe_next(target: str | None) -> str:
@@ -108,9 +170,7 @@ def login():
                 # The right key always gets in, even over the limit: anyone who can reach /login
                 # could otherwise lock the operator out. The key is long and random (at least 32
                 # characters), so the limit is there to stop noise, not guessing.
-                session.clear()  # a fresh session (and CSRF token) on every sign-in
-                session.permanent = True
-                session["operator"] = _key_fingerprint()
+                _start_session(address)
                 audit.record(audit.OPERATOR, "console.login", remote_addr=address)
                 db.session.commit()
                 return redirect(_safe_next(request.args.get("next")))
@@ -139,7 +199,32 @@ def login():
 @bp.post("/logout")
 @login_required
 def logout():
-    """End the session; the next request needs the operator key again (CSRFProtect checked the form)."""
+    """End this session on the server too, so its cookie is worthless (CSRFProtect checked the form)."""
+    now = utcnow()
+    db.session.execute(
+        sa.update(OperatorSession)
+        .where(OperatorSession.token_hash == tokens.digest(session["sid"]), OperatorSession.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    audit.record(audit.OPERATOR, "console.logout", remote_addr=client_key(request.remote_addr))
+    db.session.commit()
     session.clear()
     flash("Signed out.")
+    return redirect(url_for("console.login"))
+
+
+@bp.post("/logout/everywhere")
+@login_required
+def sign_out_everywhere():
+    """C1: end every operator session, this one included: a lost laptop's cookie stops working."""
+    now = utcnow()
+    ended = db.session.execute(
+        sa.update(OperatorSession)
+        .where(OperatorSession.revoked_at.is_(None), OperatorSession.expires_at > now)
+        .values(revoked_at=now)
+    ).rowcount
+    audit.record(audit.OPERATOR, SIGN_OUT_EVERYWHERE, sessions_ended=ended, remote_addr=client_key(request.remote_addr))
+    db.session.commit()
+    session.clear()
+    flash(f"Signed out everywhere: {ended} session{'s' if ended != 1 else ''} ended.")
     return redirect(url_for("console.login"))

@@ -7,6 +7,7 @@ from app.models.inventory import Gpu, NodeInventory
 from app.models.jobs import Artifact, Job, JobState, StorageRoot
 from app.models.node import Node, NodeLease
 from app.models.scheduling import SweepTick
+from app.models.session import OperatorSession
 from app.models.telemetry import TelemetryRollup, TelemetrySample
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Node",
     "NodeInventory",
     "NodeLease",
+    "OperatorSession",
     "StorageRoot",
     "SweepTick",
     "TelemetryRollup",

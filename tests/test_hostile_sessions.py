@@ -1,0 +1,206 @@
+"""A hostile network against the console (issue 15): sign-out that ends the session (C1, P2)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import timedelta
+
+import pytest
+import requests
+import sqlalchemy as sa
+
+from app.extensions import db
+from app.models import AuditEvent, Credential, Node, OperatorSession
+from app.timeutil import utcnow
+from tests import factories
+from tests.support import ADMIN, OPERATOR_KEY
+
+HTMX = {"HX-Request": "true"}
+COOKIE = "modelforge_session"
+
+
+def csrf_from(html: str) -> str:
+    """The CSRF token a rendered page carries in its hidden inputs."""
+    return re.search(r'name="csrf_token"(?: type="hidden")? value="([^"]+)"', html).group(1)
+
+
+def signed_in_client(app):
+    """A fresh browser with an operator session; `.csrf` holds its CSRF token."""
+    browser = app.test_client()
+    page = browser.get("/login").get_data(as_text=True)
+    assert browser.post("/login", data={"operator_key": OPERATOR_KEY, "csrf_token": csrf_from(page)}).status_code == 302
+    browser.csrf = csrf_from(browser.get("/hardware/nodes").get_data(as_text=True))
+    return browser
+
+
+def replay(app, cookie_value: str):
+    """Another browser that presents a copied session cookie."""
+    thief = app.test_client()
+    thief.set_cookie(COOKIE, cookie_value)
+    return thief
+
+
+def node_state(app, node_id: str) -> tuple[bool, list[str]]:
+    """Whether the node is disabled, and its credential hashes (what a replayed action would change)."""
+    with app.app_context():
+        disabled = db.session.scalar(sa.select(Node.disabled).where(Node.id == node_id))
+        hashes = db.session.scalars(sa.select(Credential.token_hash).order_by(Credential.id)).all()
+        db.session.remove()
+    return disabled, hashes
+
+
+def assert_replay_changes_nothing(app, cookie_value: str, csrf: str, node_id: str) -> None:
+    """The old cookie with its own CSRF token can neither read a page nor disable or rotate."""
+    before = node_state(app, node_id)
+    thief = replay(app, cookie_value)
+    assert thief.get("/hardware/nodes").status_code == 302
+    for action in ("disable", "credential/rotate", "credential/revoke"):
+        response = thief.post(f"/hardware/nodes/{node_id}/{action}", headers={**HTMX, "X-CSRFToken": csrf})
+        assert response.status_code == 401, (action, response.status_code)
+        assert response.headers["HX-Redirect"] == "/login"
+    assert node_state(app, node_id) == before
+
+
+def session_rows(app) -> list[OperatorSession]:
+    with app.app_context():
+        rows = db.session.scalars(sa.select(OperatorSession).order_by(OperatorSession.id)).all()
+        db.session.expunge_all()
+        db.session.remove()
+    return rows
+
+
+# --------------------------------------------------------------------------- C1 sessions
+
+
+def test_an_old_cookie_and_its_csrf_token_are_worthless_after_sign_out(app):
+    browser = signed_in_client(app)
+    node = factories.enrolled_node(browser)
+    cookie = browser.get_cookie(COOKIE).value
+    # Before sign-out the copy works: the replay below is refused because of the sign-out alone.
+    assert replay(app, cookie).get("/hardware/nodes").status_code == 200
+    assert browser.post("/logout", data={"csrf_token": browser.csrf}).status_code == 302
+    assert_replay_changes_nothing(app, cookie, browser.csrf, node["node_id"])
+    (row,) = session_rows(app)
+    assert row.revoked_at is not None
+    with app.app_context():
+        assert "console.logout" in db.session.scalars(sa.select(AuditEvent.action)).all()
+
+
+def test_sign_out_everywhere_ends_every_session_and_is_audited(app):
+    laptop, phone = signed_in_client(app), signed_in_client(app)
+    node = factories.enrolled_node(laptop)
+    stolen = phone.get_cookie(COOKIE).value
+    page = laptop.get("/hardware/nodes").get_data(as_text=True)
+    assert 'data-testid="sign-out-everywhere"' in page and 'action="/logout/everywhere"' in page
+    assert laptop.post("/logout/everywhere").status_code == 400  # CSRF, as every form
+    assert phone.get("/hardware/nodes").status_code == 200
+    ended = laptop.post("/logout/everywhere", data={"csrf_token": laptop.csrf})
+    assert ended.status_code == 302 and ended.headers["Location"] == "/login"
+    assert_replay_changes_nothing(app, stolen, phone.csrf, node["node_id"])
+    assert laptop.get("/hardware/nodes").status_code == 302
+    assert all(row.revoked_at is not None for row in session_rows(app))
+    with app.app_context():
+        event = db.session.scalar(sa.select(AuditEvent).where(AuditEvent.action == "console.sign_out_everywhere"))
+        assert event.actor == "operator" and event.details["sessions_ended"] == 2
+    # The operator key still gets in afterwards.
+    assert signed_in_client(app).get("/hardware/nodes").status_code == 200
+
+
+def test_the_server_keeps_only_a_hash_of_the_session_id(app):
+    browser = signed_in_client(app)
+    serializer = app.session_interface.get_signing_serializer(app)
+    session_id = serializer.loads(browser.get_cookie(COOKIE).value)["sid"]
+    assert len(session_id) >= 43  # 256 bits
+    (row,) = session_rows(app)
+    assert row.token_hash == hashlib.sha256(session_id.encode()).hexdigest()
+    assert row.remote_addr == "127.0.0.1" and row.user_agent
+    assert timedelta(hours=11, minutes=59) < row.expires_at - row.created_at <= timedelta(hours=12)
+    with app.app_context():
+        dumped = json.dumps(
+            [list(r) for r in db.session.execute(sa.text("SELECT * FROM operator_sessions"))], default=str
+        )
+        audit_dump = json.dumps([event.to_dict() for event in db.session.scalars(sa.select(AuditEvent))])
+    assert session_id not in dumped and session_id not in audit_dump
+
+
+def test_a_session_past_its_expiry_is_refused(app):
+    browser = signed_in_client(app)
+    with app.app_context():
+        db.session.execute(sa.update(OperatorSession).values(expires_at=utcnow() - timedelta(seconds=1)))
+        db.session.commit()
+    assert browser.get("/hardware/nodes").status_code == 302
+
+
+def test_last_seen_is_written_at_most_once_a_minute(app):
+    browser = signed_in_client(app)
+    (first,) = session_rows(app)
+    for _ in range(5):
+        assert browser.get("/hardware/nodes").status_code == 200
+    (same,) = session_rows(app)
+    assert same.last_seen_at == first.last_seen_at
+    an_hour_ago = utcnow() - timedelta(hours=1)
+    with app.app_context():
+        db.session.execute(sa.update(OperatorSession).values(last_seen_at=an_hour_ago))
+        db.session.commit()
+    assert browser.get("/hardware/nodes").status_code == 200
+    (touched,) = session_rows(app)
+    assert touched.last_seen_at > an_hour_ago + timedelta(minutes=59)
+
+
+def requests_sign_in(base: str) -> tuple[requests.Session, str]:
+    """A real browser session against gunicorn; returns it and its CSRF token."""
+    browser = requests.Session()
+    form = browser.get(base + "/login", timeout=10)
+    signed = browser.post(
+        base + "/login",
+        data={"csrf_token": csrf_from(form.text), "operator_key": OPERATOR_KEY},
+        allow_redirects=False,
+        timeout=10,
+    )
+    assert signed.status_code == 302, signed.text
+    return browser, csrf_from(browser.get(base + "/hardware/nodes", timeout=10).text)
+
+
+def gunicorn_replay_changes_nothing(base: str, cookie: str, csrf: str, node_id: str) -> None:
+    def node():
+        return requests.get(f"{base}/api/v1/hardware/nodes/{node_id}", headers=ADMIN, timeout=10).json()
+
+    before = node()
+    thief = requests.Session()
+    thief.cookies.set(COOKIE, cookie)
+    assert thief.get(base + "/hardware/nodes", allow_redirects=False, timeout=10).status_code == 302
+    for action in ("disable", "credential/rotate"):
+        response = thief.post(
+            f"{base}/hardware/nodes/{node_id}/{action}",
+            headers={**HTMX, "X-CSRFToken": csrf},
+            allow_redirects=False,
+            timeout=10,
+        )
+        assert response.status_code == 401, (action, response.status_code)
+    assert node() == before
+
+
+@pytest.mark.e2e
+def test_through_gunicorn_a_replayed_cookie_is_refused_after_sign_out_and_everywhere(server):
+    base = server.url
+    minted = requests.post(base + "/api/v1/admin/node-enrollments", json=factories.enrollment_body(), headers=ADMIN)
+    body = factories.enroll_body(minted.json()["token"], origin=base)
+    node_id = requests.post(base + "/api/v1/agent/enroll", json=body, timeout=10).json()["node_id"]
+
+    browser, csrf = requests_sign_in(base)
+    cookie = browser.cookies[COOKIE]
+    signed_out = browser.post(base + "/logout", data={"csrf_token": csrf}, allow_redirects=False, timeout=10)
+    assert signed_out.status_code == 302
+    gunicorn_replay_changes_nothing(base, cookie, csrf, node_id)
+
+    (laptop, laptop_csrf), (phone, phone_csrf) = requests_sign_in(base), requests_sign_in(base)
+    stolen, laptop_cookie = phone.cookies[COOKIE], laptop.cookies[COOKIE]
+    assert phone.get(base + "/hardware/nodes", allow_redirects=False, timeout=10).status_code == 200
+    everywhere = laptop.post(
+        base + "/logout/everywhere", data={"csrf_token": laptop_csrf}, allow_redirects=False, timeout=10
+    )
+    assert everywhere.status_code == 302
+    gunicorn_replay_changes_nothing(base, stolen, phone_csrf, node_id)
+    gunicorn_replay_changes_nothing(base, laptop_cookie, laptop_csrf, node_id)
