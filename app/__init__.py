@@ -56,7 +56,14 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
     console.init_app(app)
     web_errors.init_app(app)
     cli.init_app(app)
+    app.after_request(_no_sniffing)
     return app
+
+
+def _no_sniffing(response):
+    """Every response, API, console, static or error, is read as the type it declares."""
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
 
 
 _ID_ARGUMENTS = (

@@ -218,14 +218,8 @@ def claim(request: Claim) -> ClaimResult:
     """
     now = utcnow()
     token_hash = tokens.digest(request.token)
-    active = db.session.scalar(
-        sa.select(Credential.id).where(Credential.node_id == request.node_id, Credential.revoked_at.is_(None))
-    )
-    if active is not None:
-        db.session.rollback()
-        raise _already_enrolled(request.node_id)
-
-    # E2: row count decides the winner.
+    # E2: row count decides the winner. The token is checked before the node ID, so a bad token
+    # gets the same answer whether or not that node ID exists: no enumerating node IDs.
     won = db.session.execute(
         sa.update(Enrollment)
         .where(
@@ -241,6 +235,13 @@ def claim(request: Claim) -> ClaimResult:
         refusal = _refusal(token_hash, request.origin, now)
         db.session.rollback()
         raise refusal
+    active = db.session.scalar(
+        sa.select(Credential.id).where(Credential.node_id == request.node_id, Credential.revoked_at.is_(None))
+    )
+    if active is not None:
+        # I4: only a valid token learns the node is enrolled; the rollback leaves the token unspent.
+        db.session.rollback()
+        raise _already_enrolled(request.node_id)
 
     enrollment = db.session.scalar(sa.select(Enrollment).where(Enrollment.token_hash == token_hash))
     node = db.session.get(Node, request.node_id)

