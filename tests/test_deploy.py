@@ -353,8 +353,9 @@ def test_control_plane_compose():
     assert environment["MODELFORGE_INSTANCE_PATH"] == "/app/instance"
     assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile.control-plane"}
     assert "latest" not in service["image"]
-    resolved = interpolate(service, example_env())
-    assert resolved["ports"] == ["8000:8000"]
+    # Issue 15: gunicorn is reached only through the proxy service, the one hop it believes.
+    assert "ports" not in service and "network_mode" not in service
+    assert environment["MODELFORGE_TRUSTED_PROXY_HOPS"] == "${MODELFORGE_TRUSTED_PROXY_HOPS:-1}"
     # D1: the instance directory is a durable named volume declared at the top level.
     sources = {volume_parts(entry)[1]: volume_parts(entry)[0] for entry in service["volumes"]}
     assert sources == {"/app/instance": "control-plane-instance"}
@@ -362,6 +363,72 @@ def test_control_plane_compose():
     test = service["healthcheck"]["test"]
     assert test[0] == "CMD" and any("/healthz" in part for part in test)
     assert not service.get("privileged")
+
+
+NGINX_CONF = DEPLOY / "nginx/nginx.conf"
+
+
+def nginx_directives(text: str) -> dict[str, list[str]]:
+    """Every `name value…;` of an nginx configuration, by name, comments dropped."""
+    text = re.sub(r"#[^\n]*", "", text)
+    found: dict[str, list[str]] = {}
+    for statement in re.findall(r"([a-z_]+)\s+([^;{}]*);", text):
+        found.setdefault(statement[0], []).append(" ".join(statement[1].split()))
+    return found
+
+
+def test_the_control_plane_is_published_only_through_a_hardened_digest_pinned_proxy():
+    """Issue 15 finding 4: the buffering proxy, on the port existing installs already use."""
+    document = load(CONTROL_PLANE_COMPOSE)
+    proxy = document["services"]["proxy"]
+    image = interpolate_string(proxy["image"], {})
+    assert DIGEST_PINNED.match(image) and "latest" not in image, image
+    assert image.startswith("nginxinc/nginx-unprivileged:")
+    assert proxy["image"].startswith("${MODELFORGE_PROXY_IMAGE:-")
+    resolved = interpolate(proxy, example_env())
+    assert resolved["ports"] == ["0.0.0.0:8000:8080"]
+    assert interpolate(proxy, {**example_env(), "MODELFORGE_PUBLISH_ADDRESS": "127.0.0.1"})["ports"] == [
+        "127.0.0.1:8000:8080"
+    ]
+    # As hardened as the other services: read-only root, a bounded tmpfs for what nginx writes, no
+    # capability (port 8080, uid 101), no privilege gain, its configuration mounted read-only.
+    assert proxy["read_only"] is True and proxy["cap_drop"] == ["ALL"] and "cap_add" not in proxy
+    assert proxy["security_opt"] == ["no-new-privileges:true"] and proxy["user"] == "101:101"
+    assert [entry.split(":", 1)[0] for entry in proxy["tmpfs"]] == ["/tmp"] and "size=" in proxy["tmpfs"][0]
+    assert proxy["volumes"] == ["./nginx/nginx.conf:/etc/modelforge/nginx.conf:ro"]
+    assert proxy["command"][-2:] == ["-c", "/etc/modelforge/nginx.conf"]
+    assert proxy["depends_on"]["control-plane"]["restart"] is True
+    assert not proxy.get("privileged") and proxy["restart"] == "unless-stopped"
+    assert any("/healthz" in part for part in proxy["healthcheck"]["test"])
+
+
+def test_the_proxy_reads_whole_requests_within_timeouts_and_the_apps_body_limits():
+    """Slow clients are nginx's to hold, never gunicorn's; body limits match the application's."""
+    from app.config import load_settings
+    from app.jobs.runtime import MAX_COMPLETE_BYTES
+
+    text = NGINX_CONF.read_text(encoding="utf-8")
+    directives = nginx_directives(text)
+    assert directives["client_header_timeout"] == ["10s"] and directives["client_body_timeout"] == ["10s"]
+    assert directives["send_timeout"] == ["30s"] and directives["keepalive_timeout"] == ["15s"]
+    assert directives["reset_timedout_connection"] == ["on"]
+    assert directives["proxy_request_buffering"] == ["on"] and directives["proxy_buffering"] == ["on"]
+    assert "proxy_request_buffering off" not in text and "proxy_buffering off" not in text
+    # Everything written goes to the tmpfs: the root is read-only.
+    for name in ("pid", "client_body_temp_path", "proxy_temp_path", "fastcgi_temp_path", "uwsgi_temp_path",
+                 "scgi_temp_path"):  # fmt: skip
+        assert directives[name][0].startswith("/tmp/"), name
+    # 256 KiB everywhere (MODELFORGE_MAX_REQUEST_BYTES's default), 4 MiB on the job-complete route.
+    env = {"MODELFORGE_OPERATOR_API_KEY": "k" * 48, "MODELFORGE_SECRET_KEY": "s" * 48}
+    default_limit = load_settings(env, Path("/nonexistent")).max_request_bytes
+    sizes = directives["client_max_body_size"]
+    assert sizes == [f"{default_limit // 1024}k", f"{MAX_COMPLETE_BYTES // 2**20}m"]
+    assert re.search(r"location ~ \^/api/v1/agent/jobs/\[\^/\]\+/complete\$ \{\s*client_max_body_size 4m;", text)
+    # One trusted hop: each forwarded value is appended, the client's own X-Forwarded-Port dropped.
+    headers = directives["proxy_set_header"]
+    assert "X-Forwarded-For $proxy_add_x_forwarded_for" in headers and 'X-Forwarded-Port ""' in headers
+    assert "Host $http_host" in headers
+    assert directives["listen"] == ["8080 default_server"]
 
 
 # --------------------------------------------------------------------------- node agent hardening (D2, D3, P1)
