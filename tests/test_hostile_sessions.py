@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 from datetime import timedelta
 
 import pytest
@@ -263,3 +264,74 @@ def test_every_response_says_nosniff(client):
 def test_through_gunicorn_api_answers_say_nosniff(server):
     for path in ("/healthz", "/api/v1/hardware/nodes", "/api/v1/openapi.json"):
         assert requests.get(server.url + path, timeout=10).headers.get("X-Content-Type-Options") == "nosniff", path
+
+
+# --------------------------------------------------------------------------- E3, P5 Host header
+
+HOSTILE_HOSTS = ["a b", "[::1", "", "exa mple.com:8000", "host:99999", "host:port", "a/b", "user@host", "é.example"]
+
+
+def raw_request(port: int, method: str, path: str, host: str, headers: dict[str, str], body: bytes = b"") -> tuple:
+    """One HTTP/1.1 request written byte for byte (requests would refuse these Host values)."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Connection: close", f"Content-Length: {len(body)}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + body)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    head, _, payload = received.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, head.decode("latin-1"), payload
+
+
+def enrollment_count(database_url: str) -> int:
+    engine = sa.create_engine(database_url)
+    with engine.connect() as connection:
+        count = connection.execute(sa.text("SELECT count(*) FROM enrollments")).scalar_one()
+    engine.dispose()
+    return count
+
+
+@pytest.mark.e2e
+def test_through_gunicorn_a_host_that_is_no_origin_is_refused_before_anything_is_minted(server):
+    database_url = server.env["MODELFORGE_DATABASE_URL"]
+    body = json.dumps(factories.enrollment_body()).encode()
+    browser, csrf = requests_sign_in(server.url)
+    cookie = f"{COOKIE}={browser.cookies[COOKIE]}"
+    form = f"csrf_token={csrf}&display_name=Hostile&expires_in_seconds=900&accelerator_mode=cpu".encode()
+    for host in HOSTILE_HOSTS:
+        status, head, payload = raw_request(
+            server.port,
+            "POST",
+            "/api/v1/admin/node-enrollments",
+            host,
+            {**ADMIN, "Content-Type": "application/json"},
+            body,
+        )
+        assert status == 400, (host, status, payload[:300])
+        error = json.loads(payload)["error"]
+        assert error["code"] == "HOST_HEADER_INVALID" and "Host header" in error["message"], host
+        assert "MODELFORGE_PUBLIC_API_ORIGIN" in error["next_step"]
+        status, head, payload = raw_request(
+            server.port,
+            "POST",
+            "/hardware/enroll",
+            host,
+            {"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded", "HX-Request": "true"},
+            form,
+        )
+        assert status == 400, (host, status, payload[:300])
+        assert b"Host header" in payload and b"mfe_" not in payload, host
+        assert enrollment_count(database_url) == 0, host
+    assert "Traceback" not in server.log()
+    # A well-formed Host still works, and is what the enrolment records (E3).
+    status, _, payload = raw_request(
+        server.port,
+        "POST",
+        "/api/v1/admin/node-enrollments",
+        "Control.Example:8000",
+        {**ADMIN, "Content-Type": "application/json"},
+        body,
+    )
+    assert status == 201 and json.loads(payload)["api_origin"] == "http://control.example:8000"
