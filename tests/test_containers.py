@@ -304,11 +304,18 @@ def test_node_agent_compose_file_brings_the_agent_up(agent_image, agent_server, 
     assert_no_secrets(logs.stdout + logs.stderr, minted["token"])
 
 
-def test_control_plane_image_migrates_and_serves(agent_image, tmp_path):
+def build_control_plane_image() -> str:
+    """The control-plane image from deploy/Dockerfile.control-plane on the build base (D1)."""
+    ensure_bases()
     podman(
         "build", "-f", str(PROJECT_ROOT / "deploy/Dockerfile.control-plane"),
         "--build-arg", f"BASE_IMAGE={BUILD_BASE}", "-t", CONTROL_PLANE_IMAGE, str(PROJECT_ROOT),
     )  # fmt: skip
+    return CONTROL_PLANE_IMAGE
+
+
+def test_control_plane_image_migrates_and_serves(agent_image, tmp_path):
+    build_control_plane_image()
     port = free_port()
     name = f"mf-control-plane-{os.urandom(3).hex()}"
     volume = f"modelforge-test-instance-{os.urandom(3).hex()}"
