@@ -94,10 +94,36 @@ def _queued_connection_class(queue: WriterQueue) -> type[sqlite3.Connection]:
     return QueuedConnection
 
 
+# The database file and the journal files SQLite keeps beside it. SQLite gives -wal and -shm the
+# mode of the database file itself, so a 0600 database keeps them 0600 too.
+SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+
+
+def secure_sqlite_files(path: str) -> None:
+    """Create the SQLite file 0600 before SQLAlchemy opens it, and tighten one made looser before.
+
+    Left to sqlite3 the file would follow the umask (0644 under most), readable by every local
+    user, with the operator sessions, credential hashes and audit log in it.
+    """
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError:
+        return  # a missing folder or a read-only file: SQLite's own error says so on first use
+    for suffix in SQLITE_SIDE_FILES:
+        try:
+            status = os.stat(path + suffix)
+        except FileNotFoundError:
+            continue
+        if status.st_uid == os.geteuid() and status.st_mode & 0o077:
+            os.chmod(path + suffix, status.st_mode & 0o700)
+
+
 def engine_options(database_url: str) -> dict[str, object]:
     """SQLAlchemy engine options for the configured database."""
     if database_url.startswith("sqlite"):
         path = sa.make_url(database_url).database
+        if path and path != ":memory:" and not path.startswith("file:"):
+            secure_sqlite_files(path)
         queue = WriterQueue(f"{path}.writer-lock")
         # The driver's timeout is SQLite's busy timeout: a writer waits up to 30 s for the lock.
         return {

@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import shutil
 import socket
+import stat
 from datetime import timedelta
 
 import pytest
 import requests
 import sqlalchemy as sa
 
+from app import create_app
 from app.extensions import db
 from app.models import AuditEvent, Credential, Node, OperatorSession
 from app.timeutil import utcnow
-from tests import factories
+from tests import factories, support
 from tests.support import ADMIN, OPERATOR_KEY
 
 HTMX = {"HX-Request": "true"}
@@ -335,3 +339,51 @@ def test_through_gunicorn_a_host_that_is_no_origin_is_refused_before_anything_is
         body,
     )
     assert status == 201 and json.loads(payload)["api_origin"] == "http://control.example:8000"
+
+
+# --------------------------------------------------------------------------- database file modes
+
+
+def file_modes(path) -> dict[str, str]:
+    return {
+        suffix: oct(stat.S_IMODE(os.stat(f"{path}{suffix}").st_mode))
+        for suffix in ("", "-wal", "-shm")
+        if os.path.exists(f"{path}{suffix}")
+    }
+
+
+@pytest.mark.e2e
+def test_a_fresh_sqlite_database_and_its_wal_are_only_the_owners(tmp_path):
+    """As `make run` does: migrate a new path, then serve and write; even under umask 022."""
+    path = tmp_path / "fresh" / "modelforge.sqlite3"
+    path.parent.mkdir()
+    url = f"sqlite:///{path}"
+    previous = os.umask(0o022)
+    try:
+        support.migrate(url, tmp_path)
+        running = support.GunicornServer(url, tmp_path, workers=2)
+        running.start()
+    finally:
+        os.umask(previous)
+    try:
+        minted = requests.post(
+            running.url + "/api/v1/admin/node-enrollments", json=factories.enrollment_body(), headers=ADMIN, timeout=10
+        )
+        assert minted.status_code == 201
+        modes = file_modes(path)
+        assert set(modes) == {"", "-wal", "-shm"}  # the server holds WAL connections open
+        assert modes == {"": "0o600", "-wal": "0o600", "-shm": "0o600"}
+    finally:
+        running.stop()
+
+
+def test_an_existing_world_readable_database_is_tightened_on_start(tmp_path, sqlite_template):
+    path = tmp_path / "old.sqlite3"
+    shutil.copyfile(sqlite_template, path)
+    for suffix in ("", "-wal", "-shm"):
+        path.with_name(path.name + suffix).touch()
+        os.chmod(f"{path}{suffix}", 0o644)
+    application = create_app(support.app_env(f"sqlite:///{path}", tmp_path))
+    with application.app_context():
+        db.engine.dispose()
+    assert file_modes(path) == {"": "0o600", "-wal": "0o600", "-shm": "0o600"}
