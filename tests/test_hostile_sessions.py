@@ -133,6 +133,20 @@ def test_the_server_keeps_only_a_hash_of_the_session_id(app):
     assert session_id not in dumped and session_id not in audit_dump
 
 
+def test_a_hostile_user_agent_is_stored_printable_and_bounded(app):
+    """Kept for display only: NUL (which PostgreSQL refuses), escapes and length never reach the row."""
+    browser = app.test_client()
+    page = browser.get("/login").get_data(as_text=True)
+    signed = browser.post(
+        "/login",
+        data={"operator_key": OPERATOR_KEY, "csrf_token": csrf_from(page)},
+        headers={"User-Agent": "evil\x00\x1b[31m\u202e" + "a" * 500},
+    )
+    assert signed.status_code == 302
+    (row,) = session_rows(app)
+    assert row.user_agent == "evil[31m" + "a" * 192
+
+
 def test_a_session_past_its_expiry_is_refused(app):
     browser = signed_in_client(app)
     with app.app_context():

@@ -75,7 +75,8 @@ def _session_is_live() -> bool:
         ).first()
     if row is None or not tokens.same_digest(row.token_hash, session_id):
         return False
-    if now - row.last_seen_at >= LAST_SEEN_RESOLUTION:
+    # Never while this request's own transaction is open: on SQLite it might hold the write lock.
+    if now - row.last_seen_at >= LAST_SEEN_RESOLUTION and not db.session().in_transaction():
         with db.engine.begin() as connection:
             connection.execute(
                 sa.update(OperatorSession)
@@ -100,7 +101,8 @@ def _start_session(address: str) -> None:
             last_seen_at=now,
             expires_at=now + SESSION_LIFETIME,
             remote_addr=address[:64],
-            user_agent=(request.user_agent.string or "")[:200] or None,
+            # Shown to the operator later: printable characters only (PostgreSQL refuses NUL).
+            user_agent="".join(char for char in request.user_agent.string if char.isprintable())[:200] or None,
         )
     )
     session.clear()  # a fresh session (and CSRF token) on every sign-in
