@@ -424,10 +424,12 @@ def test_the_proxy_reads_whole_requests_within_timeouts_and_the_apps_body_limits
     sizes = directives["client_max_body_size"]
     assert sizes == [f"{default_limit // 1024}k", f"{MAX_COMPLETE_BYTES // 2**20}m"]
     assert re.search(r"location ~ \^/api/v1/agent/jobs/\[\^/\]\+/complete\$ \{\s*client_max_body_size 4m;", text)
-    # One trusted hop: each forwarded value is appended, the client's own X-Forwarded-Port dropped.
+    # One trusted hop: every forwarded value is this proxy's own, appended to what the client sent
+    # (tests/test_reverse_proxy.py runs this file with one hop and with two).
     headers = directives["proxy_set_header"]
-    assert "X-Forwarded-For $proxy_add_x_forwarded_for" in headers and 'X-Forwarded-Port ""' in headers
-    assert "Host $http_host" in headers
+    assert "X-Forwarded-For $proxy_add_x_forwarded_for" in headers and "Host $http_host" in headers
+    for name in ("Proto", "Host", "Port"):
+        assert f"X-Forwarded-{name} $modelforge_forwarded_{name.lower()}" in headers
     assert directives["listen"] == ["8080 default_server"]
 
 

@@ -5,6 +5,10 @@ gunicorn over plain HTTP, setting X-Forwarded-For/-Proto/-Host/-Port the way mos
 With one trusted hop the control plane must see what the user sees: an https origin (so the
 session cookie is Secure and E3 records the proxy's origin), and the client's address as nginx
 saw it — not whatever the client wrote into its own X-Forwarded-For.
+
+The compose file's own proxy configuration (deploy/nginx/nginx.conf) runs here too, on the host
+with only its addresses and paths moved: alone with one trusted hop, and behind the TLS nginx
+with two, as the operator guide describes.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import requests
 import sqlalchemy as sa
 
 from tests import factories
-from tests.support import ADMIN, OPERATOR_KEY, GunicornServer, free_port
+from tests.support import ADMIN, OPERATOR_KEY, PROJECT_ROOT, GunicornServer, free_port
 from tests.tls_support import make_private_ca
 
 pytestmark = pytest.mark.e2e
 # Debian puts nginx in /usr/sbin, which a non-root PATH may lack.
 NGINX = shutil.which("nginx") or next((path for path in ["/usr/sbin/nginx"] if os.access(path, os.X_OK)), None)
 
+ROOT_USER = "user root;" if os.geteuid() == 0 else ""  # workers must read the test's files
+DEPLOY_NGINX_CONF = PROJECT_ROOT / "deploy/nginx/nginx.conf"
 NGINX_CONF = """\
 {user}
 worker_processes 1;
@@ -67,30 +73,40 @@ class Nginx:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         certificate, key, self.ca = make_private_ca(root)
-        root.joinpath("nginx.conf").write_text(
+        self.start(
             NGINX_CONF.format(
-                user="user root;" if os.geteuid() == 0 else "",  # workers must read the test's files
+                user=ROOT_USER,
                 root=root,
                 port=self.port,
                 upstream=upstream_port,
                 certificate=certificate,
                 key=key,
+            ),
+            verify=str(self.ca),
+        )
+
+    def start(self, conf: str, verify: bool | str) -> None:
+        """Write `conf`, start nginx on it and wait until /healthz answers through it."""
+        self.root.joinpath("nginx.conf").write_text(conf)
+        with (self.root / "stderr.log").open("ab") as stderr:
+            self.process = subprocess.Popen(
+                [NGINX, "-p", str(self.root), "-e", str(self.root / "error.log"), "-c", str(self.root / "nginx.conf")],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
             )
-        )
-        self.process = subprocess.Popen(
-            [NGINX, "-p", str(root), "-e", str(root / "error.log"), "-c", str(root / "nginx.conf")],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            assert self.process.poll() is None, (root / "error.log").read_text()
+            assert self.process.poll() is None, self.errors()
             try:
-                if requests.get(self.url + "/healthz", verify=str(self.ca), timeout=1).status_code == 200:
+                if requests.get(self.url + "/healthz", verify=verify, timeout=1).status_code == 200:
                     return
             except requests.ConnectionError:
                 time.sleep(0.1)
-        raise RuntimeError(f"nginx did not answer:\n{(root / 'error.log').read_text()}")
+        raise RuntimeError(f"nginx did not answer:\n{self.errors()}")
+
+    def errors(self) -> str:
+        logs = [self.root / "error.log", self.root / "stderr.log"]
+        return "".join(path.read_text(errors="replace") for path in logs if path.exists())
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGQUIT)
@@ -99,6 +115,24 @@ class Nginx:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+class DeployNginx(Nginx):
+    """deploy/nginx/nginx.conf as the compose file runs it, on the host: only addresses and paths moved."""
+
+    def __init__(self, root, upstream_port: int) -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        conf = DEPLOY_NGINX_CONF.read_text(encoding="utf-8")
+        for old, new in (
+            ("server control-plane:8000;", f"server 127.0.0.1:{upstream_port};"),
+            ("listen 8080 default_server;", f"listen 127.0.0.1:{self.port} default_server;"),
+            (" /tmp/", f" {root}/"),
+        ):
+            assert old in conf, old
+            conf = conf.replace(old, new)
+        self.start(ROOT_USER + "\n" + conf, verify=True)
 
 
 @pytest.fixture
@@ -191,3 +225,80 @@ def test_with_no_trusted_hop_nothing_the_proxy_forwards_is_believed(proxied):
     assert "Secure" not in signed_in.headers["Set-Cookie"]  # the backend saw plain HTTP
     wizard = browser.get(nginx.url + "/hardware/enroll", verify=ca)
     assert 'data-testid="api-origin">http://127.0.0.1<' in wizard.text  # nginx's Host, not its origin
+
+
+# --------------------------------------------------------------------------- deploy/nginx/nginx.conf (D1)
+
+
+@pytest.fixture
+def deploy_proxied(sqlite_template, tmp_path, request):
+    """gunicorn trusting `hops` proxies behind the compose file's own nginx configuration.
+
+    With two hops, the test's TLS nginx stands in front of it, as the operator guide suggests.
+    """
+    if NGINX is None:
+        pytest.skip("nginx is not installed")
+    database = tmp_path / "deploy-proxied.sqlite3"
+    shutil.copyfile(sqlite_template, database)
+    hops = getattr(request, "param", 1)
+    server = GunicornServer(f"sqlite:///{database}", tmp_path, workers=2, MODELFORGE_TRUSTED_PROXY_HOPS=str(hops))
+    server.start()
+    (tmp_path / "inner").mkdir()
+    inner = DeployNginx(tmp_path / "inner", server.port)
+    proxies = [inner]
+    if hops == 2:
+        (tmp_path / "outer").mkdir()
+        proxies.insert(0, Nginx(tmp_path / "outer", inner.port))
+    yield server, proxies
+    for proxy in proxies:
+        proxy.stop()
+    server.stop()
+
+
+def test_the_deploy_proxy_appends_what_one_trusted_hop_believes_whatever_a_client_forwards(deploy_proxied):
+    server, [proxy] = deploy_proxied
+    forged = {
+        "X-Forwarded-For": "203.0.113.77",
+        "X-Forwarded-Proto": "https",
+        "X-Forwarded-Host": "evil.example",
+        "X-Forwarded-Port": "1",
+    }
+    minted = requests.post(
+        proxy.url + "/api/v1/admin/node-enrollments",
+        json={"display_name": "Behind the deploy proxy", "expires_in_seconds": 900},
+        headers={**ADMIN, **forged},
+        timeout=10,
+    )
+    assert minted.status_code == 201, minted.text
+    assert minted.json()["api_origin"] == proxy.url  # its address and port, plain http
+    forger = requests.Session()
+    forger.headers.update(forged)
+    signed_in = sign_in(forger, proxy.url, OPERATOR_KEY, True)
+    assert signed_in.status_code == 302 and "Secure" not in signed_in.headers["Set-Cookie"]
+    assert sign_in(requests.Session(), proxy.url, "not-the-key" * 4, True).status_code == 401
+    engine = sa.create_engine(server.env["MODELFORGE_DATABASE_URL"])
+    with engine.connect() as connection:
+        details = connection.execute(
+            sa.text("SELECT details FROM audit_events WHERE action = 'console.login_failed'")
+        ).scalar_one()
+    engine.dispose()
+    assert '"remote_addr": "127.0.0.1"' in details and "203.0.113.77" not in details
+
+
+@pytest.mark.parametrize("deploy_proxied", [2], indirect=True)
+def test_behind_a_tls_proxy_two_hops_believe_the_outer_proxys_origin(deploy_proxied):
+    """The operator guide's TLS nginx in front of the compose proxy, MODELFORGE_TRUSTED_PROXY_HOPS=2."""
+    server, [outer, inner] = deploy_proxied
+    ca = str(outer.ca)
+    browser = requests.Session()
+    signed_in = sign_in(browser, outer.url, OPERATOR_KEY, ca)
+    assert signed_in.status_code == 302, signed_in.text
+    assert "Secure" in signed_in.headers["Set-Cookie"]
+    minted = requests.post(
+        outer.url + "/api/v1/admin/node-enrollments",
+        json={"display_name": "Behind two proxies", "expires_in_seconds": 900},
+        headers=ADMIN,
+        verify=ca,
+        timeout=10,
+    ).json()
+    assert minted["api_origin"] == outer.url  # https and the outer port, not the inner proxy's
