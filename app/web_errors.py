@@ -42,6 +42,7 @@ STATUS_BY_CODE = {
     "JOB_LEASE_LOST": 409,
     "ARTIFACT_NOT_FOUND": 404,
     "ARTIFACT_NOT_ON_NODE": 409,
+    "NODE_RATE_LIMITED": 429,
 }
 
 # The API's code and next step for errors Werkzeug raises before or instead of a view.
