@@ -12,14 +12,15 @@ import re
 # Characters no text field accepts: C0 and C1 controls and DEL (NUL cannot even be stored in
 # PostgreSQL text), every space but the ASCII one, line and paragraph separators, and the invisible
 # format characters that hide or reorder text (soft hyphen, zero-width marks, bidi embeddings,
-# overrides and isolates — U+202E would reverse the timestamps printed after it). Written so that
+# overrides and isolates, the bidi marks U+200E/U+200F and U+061C — U+202E would reverse the
+# timestamps printed after it; the console also isolates agent text in <bdi>). Written so that
 # ECMA-262, Python's `re`, Rust's `regex` (pydantic's) and Go's RE2 all read it the same way, so it
 # is published as-is in the OpenAPI document. Lone surrogates are refused too — they are not
 # Unicode text, no UTF-8 encoding exists for them — but no pattern says so: Rust and RE2 cannot even
 # name a surrogate, and tools built on them drop a pattern that does (schemathesis then generated
 # C1 controls as "valid" data).
 FORBIDDEN_CHARACTERS = (
-    r"\x00-\x1f\x7f-\xa0\xad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\ufeff\ufff9-\ufffb"
+    r"\x00-\x1f\x7f-\xa0\xad\u061c\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u206f\u3000\ufeff\ufff9-\ufffb"
 )
 TEXT_PATTERN = rf"^[^{FORBIDDEN_CHARACTERS}]*$"
 # Required text: at least one character besides the ASCII space (the only space allowed at all).

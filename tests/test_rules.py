@@ -29,6 +29,12 @@ from tests.test_deploy import GOOD_ENV, PREFLIGHT, with_line
         ("zero\u200bwidth", False),
         ("bidi \u202e override", False),
         ("isolate \u2066", False),
+        # Issue 15: every bidi control (embeddings, overrides, isolates, marks) is refused.
+        *((f"bidi {chr(code)} control", False) for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))),
+        ("left-to-right mark \u200e", False),
+        ("right-to-left mark \u200f", False),
+        ("arabic letter mark \u061c", False),
+        ("\u0627\u0644\u0639\u0631\u0628\u064a\u0629 (Arabic) and \u05e2\u05d1\u05e8\u05d9\u05ea", True),
         ("soft\xadhyphen", False),
         ("bom\ufeff", False),
         ("lone \ud800 surrogate", False),
@@ -52,6 +58,11 @@ def test_one_text_rule(text, allowed):
         ("site", "x" * (rules.MAX_LABEL_VALUE_LENGTH + 1), False),
         ("site", "bad\x00value", False),
         ("site", 5, False),
+        ("site", "\x1b[31mred", False),
+        ("site", "two\nlines", False),
+        ("site", "\ud800", False),
+        ("site", "bidi \u202e", False),
+        ("site\x00", "office", False),
     ],
 )
 def test_one_label_rule(key, value, allowed):
