@@ -105,6 +105,9 @@ WRONG_HEARTBEATS = [
     ({"telemetry": [factories.sample(sampled_at="2999-01-01T00:00:00Z")]}, "telemetry[0].sampled_at"),
     ({"telemetry": [factories.sample(sampled_at="1999-12-31T23:59:59Z")]}, "telemetry[0].sampled_at"),
     ({"health": {"status": "ok", "detail": "\ud800"}}, "health.detail"),
+    # Issue 15: bidi controls in agent text would reorder the server's timestamps on the node page.
+    ({"health": {"status": "ok", "detail": "ok \u202e 12:00"}}, "health.detail"),
+    ({"health": {"status": "ok", "detail": "arabic letter mark \u061c"}}, "health.detail"),
 ]
 
 
@@ -129,6 +132,29 @@ WRONG_INVENTORIES = [
     ),
     ({"inventory": {"gpus": [factories.gpu(), factories.gpu()]}}, "inventory.gpus"),
     ({"inventory": {"hostname": 7, "gpus": []}}, "inventory.hostname"),
+    # Issue 15: every fact is declared and bounded (N4, P5); these once reached the node page.
+    ({"inventory": {"gpus": [], "os": "bad \ud800"}}, "inventory.os"),
+    ({"inventory": {"gpus": [], "os": "Debian \u202e 12"}}, "inventory.os"),
+    ({"inventory": {"gpus": [], "kernel": "k" * 201}}, "inventory.kernel"),
+    ({"inventory": {"gpus": [], "cpu_model": ["AMD"]}}, "inventory.cpu_model"),
+    ({"inventory": {"gpus": [], "cpu_count": "many"}}, "inventory.cpu_count"),
+    ({"inventory": {"gpus": [], "cpu_count": -1}}, "inventory.cpu_count"),
+    ({"inventory": {"gpus": [], "memory_total_bytes": 10**400}}, "inventory.memory_total_bytes"),
+    ({"inventory": {"gpus": [], "memory_total_bytes": 2**63}}, "inventory.memory_total_bytes"),
+    ({"inventory": {"gpus": [], "memory_limited_by_cgroup": "yes"}}, "inventory.memory_limited_by_cgroup"),
+    ({"inventory": {"gpus": [], "storage": ["state"]}}, "inventory.storage"),
+    (
+        {"inventory": {"gpus": [], "storage": {"state": {"total_bytes": -1}}}},
+        "inventory.storage.state.total_bytes",
+    ),
+    ({"inventory": {"gpus": [], "storage": {"state": {"path": "/a\nb"}}}}, "inventory.storage.state.path"),
+    ({"inventory": {"gpus": [], "unknown_reasons": ["a"]}}, "inventory.unknown_reasons"),
+    ({"inventory": {"gpus": [], "unknown_reasons": {"os": 5}}}, "inventory.unknown_reasons.os"),
+    ({"inventory": {"gpus": [], "gpu_unknown_reasons": {"GPU-1": "lost"}}}, "inventory.gpu_unknown_reasons.GPU-1"),
+    ({"inventory": {"gpus": [], "accelerator_mode": "\u2066nvidia"}}, "inventory.accelerator_mode"),
+    ({"inventory": {"gpus": [], "agent": {"version": 1}}}, "inventory.agent.version"),
+    ({"inventory": {"gpus": [factories.gpu(driver_version="d" * 65)]}}, "inventory.gpus[0].driver_version"),
+    ({"inventory": {"gpus": [factories.gpu(name="RTX \u202e")]}}, "inventory.gpus[0].name"),
     # W1: the runtime worker the agent relays.
     ({"runtime_worker": {"protocol_version": 1}}, "runtime_worker.worker_version"),
     ({"runtime_worker": {"worker_version": "1", "protocol_version": True}}, "runtime_worker.protocol_version"),

@@ -224,22 +224,86 @@ class EnrollRequest(Versions):
 
 
 class GpuFacts(Body):
-    """N4: one GPU as NVML reports it."""
+    """N4: one GPU as NVML reports it; each length is its column's (app/models/inventory.py)."""
 
     uuid: text(96)
     name: optional_text(200) = None
     memory_total_bytes: Bytes | None = None
-    driver_version: optional_text(200) = None
-    cuda_driver_version: optional_text(200) = None
-    pci_bus_id: optional_text(200) = None
+    driver_version: optional_text(64) = None
+    cuda_driver_version: optional_text(32) = None
+    pci_bus_id: optional_text(64) = None
+
+
+class _KeysByPattern:
+    """A mapping's schema: the key rule in `propertyNames`, the value in `additionalProperties`.
+
+    pydantic states a constrained key as `patternProperties`, which lets a key that does not match
+    through with any value — looser than the code (schemathesis's positive cases would find it).
+    """
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        schema = handler(core_schema)
+        patterns = schema.pop("patternProperties", None)
+        if patterns:
+            ((pattern, value),) = patterns.items()
+            schema["propertyNames"] = {**schema.get("propertyNames", {}), "pattern": pattern}
+            schema["additionalProperties"] = value
+        return schema
+
+
+def mapping(key: Any, value: Any, max_items: int) -> Any:
+    """A JSON object of at most `max_items` keys, each key and value by its own rule."""
+    return Annotated[dict[key, value], Field(max_length=max_items), _KeysByPattern()]
+
+
+# N4: the named data directories (state, hf-cache, artifacts, quarantine) and the facts a reason is
+# given for are short names; a reason is one line of an error message.
+FactName = Annotated[str, StringConstraints(pattern=rules.ROOT_NAME_PATTERN)]
+GpuKey = Annotated[str, StringConstraints(min_length=1, max_length=96, pattern=rules.REQUIRED_TEXT_PATTERN)]
+Reason = optional_text(500)
+Reasons = mapping(FactName, Reason, 32)
+MAX_CPUS = 2**20
+
+
+class StorageFacts(Body):
+    """N4: one named data directory: its total and free bytes, or why they are unknown."""
+
+    path: optional_text(rules.MAX_PATH_LENGTH) = None
+    total_bytes: Bytes | None = None
+    free_bytes: Bytes | None = None
+    unknown_reason: Reason = None
+
+
+class AgentFacts(Body):
+    """N4: the agent's own version and the Python it runs on."""
+
+    version: optional_text(64) = None
+    python: optional_text(32) = None
 
 
 class InventoryFacts(Body):
-    """N4: the node's facts; besides hostname and GPUs they are stored as sent."""
+    """N4: the node's facts as the agent collects them, each declared and bounded like any body.
 
-    model_config = ConfigDict(extra="allow")
+    A fact this control plane does not know is dropped, not refused: a newer agent that reports one
+    more fact keeps publishing its inventory (and stays ready) instead of being locked out, and
+    nothing undeclared is ever stored or rendered (P5).
+    """
 
     hostname: optional_text(255) = None
+    os: optional_text(200) = None
+    kernel: optional_text(200) = None
+    architecture: optional_text(64) = None
+    cpu_model: optional_text(200) = None
+    # A cgroup CPU limit may be fractional (1.5 CPUs); a whole count stays whole (16, not 16.0).
+    cpu_count: Annotated[float, Field(ge=0, le=MAX_CPUS, allow_inf_nan=False), AfterValidator(_whole)] | None = None
+    cpu_limited_by_cgroup: bool | None = None
+    memory_total_bytes: Bytes | None = None
+    memory_limited_by_cgroup: bool | None = None
+    storage: mapping(FactName, StorageFacts, 16) = {}
+    accelerator_mode: optional_text(32) = None
+    gpu_unknown_reasons: mapping(GpuKey, Reasons, MAX_GPUS) = {}
+    unknown_reasons: Reasons = {}
+    agent: AgentFacts | None = None
     gpus: Annotated[
         list[GpuFacts],
         Field(max_length=MAX_GPUS, json_schema_extra={"description": "Each GPU UUID at most once"}),

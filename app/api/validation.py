@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from flask import request
 
 from app.api.errors import ApiError
+
+# No body the API declares nests deeper than a handful of levels; a deeper one is refused before
+# parsing, because Python's parser takes ~990 levels and everything after it (validation, storage,
+# rendering) recurses again and fails with a 500 (P5).
+MAX_JSON_DEPTH = 32
+# A string (skipped whole, so brackets inside it do not count) or one bracket.
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[][{}]')
+
+
+def too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text nests arrays and objects more than `limit` deep.
+
+    A body with no more brackets than the limit cannot be deeper, which two C-speed counts tell:
+    the heartbeat's common case costs no scan at all.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    depth = 0
+    for token in _JSON_TOKEN.finditer(raw):
+        bracket = token[0]
+        if bracket in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif bracket in (b"]", b"}"):
+            depth -= 1
+    return False
 
 
 def _reject_constant(name: str) -> float:
@@ -24,6 +52,13 @@ def json_object() -> dict[str, Any]:
             "Send the body as JSON with Content-Type: application/json.",
         )
     raw = request.get_data(cache=False)
+    if too_deep(raw):
+        raise ApiError(
+            400,
+            "JSON_TOO_DEEP",
+            f"The request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep.",
+            "Send the body as the API documents it.",
+        )
     try:
         body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError):
