@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import islice
 
 import sqlalchemy as sa
 
@@ -28,6 +30,56 @@ def get(node_id: str) -> Node:
             "List nodes with GET /api/v1/hardware/nodes.",
         )
     return node
+
+
+# P5: what the API and the console show of stored values, whatever a row holds — rows written before
+# the inventory was declared field by field included (a 400-digit number, infinity, a lone
+# surrogate, nesting 950 deep): bounded here, where every reader of a node passes, so neither the
+# node page nor GET /api/v1/hardware/nodes can fail or emit anything but strict JSON.
+MAX_SHOWN_DEPTH = 8
+MAX_SHOWN_ITEMS = 1000
+MAX_SHOWN_TEXT = 4000
+MAX_SHOWN_INTEGER = 2**63
+
+
+def printable(text: str) -> str:
+    """Text that can be encoded: at most MAX_SHOWN_TEXT characters, a lone surrogate as U+FFFD."""
+    text = text[:MAX_SHOWN_TEXT]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def shown(value: object, depth: int = 0) -> object:
+    """A stored value as strict JSON can carry it; what cannot be shown is null (unknown, P3), never invented.
+
+    Non-finite numbers and whole numbers beyond 2**63 become null, text is made encodable, and
+    objects and lists deeper than MAX_SHOWN_DEPTH or longer than MAX_SHOWN_ITEMS are cut there.
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if -MAX_SHOWN_INTEGER <= value <= MAX_SHOWN_INTEGER else None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        if depth >= MAX_SHOWN_DEPTH:
+            return None
+        return {printable(str(key)): shown(item, depth + 1) for key, item in islice(value.items(), MAX_SHOWN_ITEMS)}
+    if isinstance(value, list | tuple):
+        if depth >= MAX_SHOWN_DEPTH:
+            return None
+        return [shown(item, depth + 1) for item in islice(value, MAX_SHOWN_ITEMS)]
+    return value
+
+
+def _facts(stored: object) -> dict[str, object]:
+    """An inventory's facts as an object; anything else an old row holds shows as no facts."""
+    return stored if isinstance(stored, dict) else {}
 
 
 def _latest_telemetry(node_ids: list[str]) -> dict[str, list[dict[str, object]]]:
@@ -65,13 +117,15 @@ def runtime_worker(lease: NodeLease | None) -> dict[str, object] | None:
     if lease is None or (lease.runtime_worker is None and lease.runtime_worker_problem is None):
         return None
     reported = lease.runtime_worker if isinstance(lease.runtime_worker, dict) else None
-    return {
-        "reported": reported,
-        "problem": lease.runtime_worker_problem,
-        "compatibility": (
-            worker_compatibility(reported.get("protocol_version"), lease.worker_compatibility) if reported else None
-        ),
-    }
+    return shown(
+        {
+            "reported": reported,
+            "problem": lease.runtime_worker_problem,
+            "compatibility": (
+                worker_compatibility(reported.get("protocol_version"), lease.worker_compatibility) if reported else None
+            ),
+        }
+    )
 
 
 def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, object]]:
@@ -98,46 +152,50 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
     for node, lease, inventory, credential in rows:
         status, age = liveness.status_of(lease.last_heartbeat_at if lease else None, now, settings)
         described.append(
-            {
-                "id": node.id,
-                "display_name": node.display_name,
-                "hostname": node.hostname,
-                "status": status,
-                "disabled": node.disabled,
-                "last_heartbeat_at": isoformat(lease.last_heartbeat_at if lease else None),
-                "heartbeat_age_seconds": None if age is None else round(age, 3),
-                "agent_version": lease.agent_version if lease else None,
-                "protocol_version": lease.protocol_version if lease else None,
-                "compatibility": (
-                    compatibility(lease.protocol_version, lease.compatibility)
-                    if lease and lease.compatibility
-                    else None
-                ),
-                "health": (
-                    {"status": lease.health_status, "detail": lease.health_detail}
-                    if lease and lease.health_status
-                    else None
-                ),
-                "inventory": (
-                    {**inventory.facts, "received_at": isoformat(inventory.received_at)} if inventory else None
-                ),
-                "gpus": [gpu.to_dict() for gpu in gpus[node.id]],
-                # J2: the job types the agent advertised in its last inventory.
-                "capabilities": list(lease.capabilities or []) if lease else [],
-                "runtime_worker": runtime_worker(lease),
-                "telemetry": telemetry.get(node.id, []),
-                "eligibility": {
-                    "production_eligible": node.production_eligible,
-                    "lab_eligible": node.lab_eligible,
-                    "benchmark_eligible": node.benchmark_eligible,
-                },
-                "role": node.role,
-                "labels": node.labels or {},
-                "credential": credential.to_dict() if credential else None,
-                # I4: another node ID with this hostname suggests a non-durable state volume.
-                "suspected_duplicate_hostname": node.hostname in shared,
-                "enrolled_at": isoformat(node.enrolled_at),
-            }
+            shown(
+                {
+                    "id": node.id,
+                    "display_name": node.display_name,
+                    "hostname": node.hostname,
+                    "status": status,
+                    "disabled": node.disabled,
+                    "last_heartbeat_at": isoformat(lease.last_heartbeat_at if lease else None),
+                    "heartbeat_age_seconds": None if age is None else round(age, 3),
+                    "agent_version": lease.agent_version if lease else None,
+                    "protocol_version": lease.protocol_version if lease else None,
+                    "compatibility": (
+                        compatibility(lease.protocol_version, lease.compatibility)
+                        if lease and lease.compatibility
+                        else None
+                    ),
+                    "health": (
+                        {"status": lease.health_status, "detail": lease.health_detail}
+                        if lease and lease.health_status
+                        else None
+                    ),
+                    "inventory": (
+                        {**_facts(inventory.facts), "received_at": isoformat(inventory.received_at)}
+                        if inventory
+                        else None
+                    ),
+                    "gpus": [gpu.to_dict() for gpu in gpus[node.id]],
+                    # J2: the job types the agent advertised in its last inventory.
+                    "capabilities": list(lease.capabilities or []) if lease else [],
+                    "runtime_worker": runtime_worker(lease),
+                    "telemetry": telemetry.get(node.id, []),
+                    "eligibility": {
+                        "production_eligible": node.production_eligible,
+                        "lab_eligible": node.lab_eligible,
+                        "benchmark_eligible": node.benchmark_eligible,
+                    },
+                    "role": node.role,
+                    "labels": node.labels or {},
+                    "credential": credential.to_dict() if credential else None,
+                    # I4: another node ID with this hostname suggests a non-durable state volume.
+                    "suspected_duplicate_hostname": node.hostname in shared,
+                    "enrolled_at": isoformat(node.enrolled_at),
+                }
+            )
         )
     return described
 
@@ -217,7 +275,7 @@ def summaries(settings: Settings) -> list[NodeSummary]:
     for node_id, name, count in db.session.execute(
         sa.select(Gpu.node_id, Gpu.name, sa.func.count()).where(Gpu.present.is_(True)).group_by(Gpu.node_id, Gpu.name)
     ):
-        models[node_id][name or "unknown model"] = count
+        models[node_id][printable(name) if name else "unknown model"] = count
     shared = _shared_hostnames()
     now = utcnow()
     result = []
@@ -226,8 +284,8 @@ def summaries(settings: Settings) -> list[NodeSummary]:
         result.append(
             NodeSummary(
                 id=row.id,
-                display_name=row.display_name,
-                hostname=row.hostname,
+                display_name=printable(row.display_name),
+                hostname=printable(row.hostname),
                 status=status,
                 heartbeat_age_seconds=age,
                 last_heartbeat_at=row.last_heartbeat_at,

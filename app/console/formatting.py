@@ -11,10 +11,15 @@ _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 def human_bytes(value: float | int | None) -> str:
-    """1073741824 → '1.0 GiB'; None or anything not a number → '—' (unknown is shown as unknown, P3)."""
+    """1073741824 → '1.0 GiB'; None or anything not a finite number → '—' (unknown is shown as unknown, P3)."""
     if not isinstance(value, int | float) or isinstance(value, bool):
         return "—"
-    size = float(value)
+    try:
+        size = float(value)
+    except OverflowError:  # a whole number too large for a float (P5: an old row may hold one)
+        return "—"
+    if not math.isfinite(size):
+        return "—"
     for unit in _BYTE_UNITS[:-1]:
         if abs(size) < 1024:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
