@@ -46,6 +46,10 @@ class Settings:
     telemetry_raw_retention_seconds: int
     telemetry_rollup_retention_seconds: int
     run_scheduler: bool
+    # A2, P5: heartbeats and inventories sooner than half the interval after the node's last
+    # accepted one get 429 (app.rate_limits). Off until the test suite's in-process fixtures,
+    # which publish back to back, opt out of it; turned on in production and by its own tests.
+    node_rate_limit: bool = False
 
     def as_flask_config(self) -> dict[str, object]:
         """The Flask config keys these settings fill in."""
@@ -227,4 +231,5 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         telemetry_raw_retention_seconds=raw_retention,
         telemetry_rollup_retention_seconds=rollup_retention,
         run_scheduler=_bool(env, "MODELFORGE_SCHEDULER", True),
+        node_rate_limit=_bool(env, "MODELFORGE_NODE_RATE_LIMIT", False),
     )

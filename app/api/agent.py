@@ -6,14 +6,16 @@ from typing import NamedTuple
 
 from flask import current_app
 
-from app import enrollment, publishing
+from app import enrollment, publishing, rate_limits
 from app.api import bodies, bp, json_response
 from app.api.auth import bearer_credential
-from app.api.errors import ApiError
+from app.api.errors import ApiError, error_response
 from app.api.validation import invalid, json_object
 from app.compat import COMPATIBLE, compatibility
 from app.config import current_settings, normalize_origin
+from app.extensions import db
 from app.jobs import storage
+from app.timeutil import utcnow
 
 
 def versions_of(data: dict[str, object]) -> tuple[publishing.Versions, dict[str, object]]:
@@ -81,6 +83,15 @@ def agent_request(model: type[bodies.Body]) -> AgentRequest:
     return AgentRequest(versions, answer, body, publishing.authenticate(bearer_credential()))
 
 
+@bp.errorhandler(rate_limits.NodeRateLimited)
+def _rate_limited(error: rate_limits.NodeRateLimited):
+    """429 in the one error shape, with Retry-After in whole seconds (A2, P5); nothing was stored."""
+    db.session.rollback()
+    response = error_response(429, error.code, error.message, error.next_step, **error.extra)
+    response.headers["Retry-After"] = str(error.retry_after)
+    return response
+
+
 @bp.post("/agent/enroll")
 def enroll():
     """Claim an enrolment token exactly once and receive the node credential (E2, E3, I2, I4)."""
@@ -119,6 +130,7 @@ def enroll():
 def inventory():
     """Store the node's latest inventory (N4)."""
     versions, answer, body, publisher = agent_request(bodies.InventoryRequest)
+    rate_limits.admit_inventory(db.session.connection(), publisher.node_id, utcnow())
     gpus = [gpu.model_dump() for gpu in body.inventory.gpus]
     stored_facts = body.inventory.model_dump(exclude={"gpus"}, exclude_unset=True)
     worker = publishing.WorkerReport(

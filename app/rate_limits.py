@@ -1,0 +1,93 @@
+"""Per-node publication rates (A2, L2, P5): a node that publishes faster than its interval allows
+gets 429 NODE_RATE_LIMITED with Retry-After, and nothing it sent is stored.
+
+The rule, for heartbeats and inventories alike: a publication is accepted when at least half the
+heartbeat interval has passed since that node's last ACCEPTED one of the same kind. A good agent
+beats once per interval (its catch-up after a slow reply and its restarts stay well apart), an
+agent whose request failed never reached the database (nothing was committed, so nothing
+counts), and a node can never publish more than twice its interval's worth: the 1,457 beats in
+5 s of issue 15 become 10. The state is the row itself (`node_leases.last_heartbeat_at`,
+`node_inventories.received_at`), so every gunicorn worker and every replica sees the same limit,
+and the heartbeat's check is one more condition on the UPDATE it runs anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+
+import sqlalchemy as sa
+
+from app.config import current_settings
+from app.errors import DomainError
+from app.models import NodeInventory
+
+# The fraction of the heartbeat interval that must pass between two accepted publications.
+SPACING = 0.5
+
+_inventories = NodeInventory.__table__
+# Claim the inventory slot: matches only when the last accepted inventory is old enough, and, on
+# PostgreSQL, holds the row so a concurrent inventory from the same node waits and then matches
+# nothing. The inventory itself rewrites received_at with its own time.
+_CLAIM_INVENTORY = (
+    _inventories.update()
+    .where(
+        _inventories.c.node_id == sa.bindparam("inventory_node_id"),
+        _inventories.c.received_at <= sa.bindparam("accept_before"),
+    )
+    .values(received_at=sa.bindparam("now"))
+)
+_LAST_INVENTORY = sa.select(_inventories.c.received_at).where(
+    _inventories.c.node_id == sa.bindparam("inventory_node_id")
+)
+
+
+class NodeRateLimited(DomainError):
+    """A publication sent sooner than the node's interval allows; `retry_after` is whole seconds."""
+
+    def __init__(self, kind: str, retry_after: int) -> None:
+        interval = current_settings().heartbeat_interval_seconds
+        super().__init__(
+            "NODE_RATE_LIMITED",
+            f"This {kind} came less than {SPACING * interval:g}s after the node's last accepted one; "
+            "it was not stored.",
+            f"Wait {retry_after}s (Retry-After) and send it again; an agent publishes once per "
+            f"heartbeat interval ({interval}s).",
+            retry_after_seconds=retry_after,
+        )
+        self.retry_after = retry_after
+
+
+# With the limit off (MODELFORGE_NODE_RATE_LIMIT), every earlier publication is old enough.
+_UNLIMITED = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def spacing() -> timedelta:
+    """The least time between two accepted publications of one kind from one node."""
+    return timedelta(seconds=current_settings().heartbeat_interval_seconds * SPACING)
+
+
+def accept_before(now: datetime) -> datetime:
+    """A publication is accepted when the node's last accepted one is at or before this moment."""
+    settings = current_settings()
+    if not settings.node_rate_limit:
+        return _UNLIMITED
+    return now - timedelta(seconds=settings.heartbeat_interval_seconds * SPACING)
+
+
+def refusal(kind: str, last: datetime, now: datetime) -> NodeRateLimited:
+    """The 429 for a publication that came too soon after `last`: retry when the spacing has passed."""
+    wait = (last + spacing() - now).total_seconds()
+    return NodeRateLimited(kind, max(1, math.ceil(wait)))
+
+
+def admit_inventory(connection: sa.Connection, node_id: str, now: datetime) -> None:
+    """Raise NodeRateLimited unless this node's last accepted inventory is old enough (or none)."""
+    claimed = connection.execute(
+        _CLAIM_INVENTORY, {"inventory_node_id": node_id, "accept_before": accept_before(now), "now": now}
+    )
+    if claimed.rowcount:
+        return
+    last = connection.execute(_LAST_INVENTORY, {"inventory_node_id": node_id}).scalar()
+    if last is not None and last > accept_before(now):
+        raise refusal("inventory", last, now)
