@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import time
 import weakref
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
@@ -14,9 +16,20 @@ from app.db import begin_read_only, insert_ignoring_duplicates
 from app.errors import DomainError
 from app.extensions import db
 from app.jobs import queue, runtime, storage
-from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
+from app.models import (
+    AuditEvent,
+    Credential,
+    Gpu,
+    Node,
+    NodeInventory,
+    NodeLease,
+    TelemetryRollup,
+    TelemetrySample,
+)
 from app.models.telemetry import METRICS
-from app.timeutil import utcnow
+from app.timeutil import isoformat, utcnow
+
+logger = logging.getLogger("modelforge.publishing")
 
 
 @dataclass(frozen=True)
@@ -73,38 +86,74 @@ _gpus = Gpu.__table__
 _GPU_IDS = sa.select(_gpus.c.uuid, _gpus.c.id).where(_gpus.c.node_id == sa.bindparam("gpu_node_id"))
 # A sample the agent sends twice (its reply was lost) is stored once: (gpu_id, sampled_at) is the key.
 _INSERT_SAMPLES = insert_ignoring_duplicates(TelemetrySample.__table__)
-_INSERT_GPUS = insert_ignoring_duplicates(_gpus)
 
 
-# A GPU row's id never changes once it exists (rows go only with their node), so each worker keeps
-# the (node, GPU UUID) → id pairs it has read, per database engine: a routine heartbeat then does
-# no lookup at all. Only ids read before this transaction wrote anything are kept, so a rolled
-# back insert is never remembered.
+# A GPU row's id never changes once it exists (rows go only with their node, or when an inventory
+# evicts a long-gone GPU: record_inventory), so each worker keeps the (node, GPU UUID) → id pairs it
+# has read, per database engine: a routine heartbeat then does no lookup at all. Only GPUs an
+# inventory listed have rows (N4): nothing here inserts one.
 _gpu_id_cache: weakref.WeakKeyDictionary[sa.Engine, dict[tuple[str, str], int]] = weakref.WeakKeyDictionary()
 _GPU_ID_CACHE_LIMIT = 100_000
+_PRESENT_GPU_IDS = _GPU_IDS.where(_gpus.c.present.is_(True))
 
 
-def _gpu_ids(connection: sa.Connection, node_id: str, uuids: set[str], now: datetime) -> dict[str, int]:
-    """The integer keys of a node's GPUs; a GPU seen in telemetry before any inventory is added."""
+def _gpu_ids(connection: sa.Connection, node_id: str, uuids: set[str]) -> dict[str, int]:
+    """The integer keys of those of these GPUs the node's inventory lists; the others are left out."""
     cache = _gpu_id_cache.setdefault(connection.engine, {})
     cached = {uuid: cache.get((node_id, uuid)) for uuid in uuids}
     if None not in cached.values():
         return cached
-    known = dict(connection.execute(_GPU_IDS, {"gpu_node_id": node_id}).all())
-    missing = uuids - known.keys()
-    if not missing:
-        if len(cache) > _GPU_ID_CACHE_LIMIT:
-            cache.clear()
-        cache.update({(node_id, uuid): gpu_id for uuid, gpu_id in known.items()})
-        return known
-    connection.execute(
-        _INSERT_GPUS[connection.dialect.name],
-        [
-            {"node_id": node_id, "uuid": uuid, "present": True, "first_seen_at": now, "last_seen_at": now}
-            for uuid in sorted(missing)
-        ],
+    known = dict(connection.execute(_PRESENT_GPU_IDS, {"gpu_node_id": node_id}).all())
+    if len(cache) > _GPU_ID_CACHE_LIMIT:
+        cache.clear()
+    cache.update({(node_id, uuid): gpu_id for uuid, gpu_id in known.items()})
+    return {uuid: known[uuid] for uuid in uuids if uuid in known}
+
+
+# Per worker: telemetry ignored per node since it was last logged, and when that was.
+_ignored_samples: dict[str, tuple[int, float]] = {}
+_IGNORED_LOG_SECONDS = 60.0
+
+
+def _note_ignored(node_id: str, count: int, uuids: set[str]) -> None:
+    """Say what was dropped, in one log line per node per minute per worker (never silently, never a flood)."""
+    logged_count, logged_at = _ignored_samples.get(node_id, (0, 0.0))
+    total, now = logged_count + count, time.monotonic()
+    if now - logged_at < _IGNORED_LOG_SECONDS:
+        _ignored_samples[node_id] = (total, logged_at)
+        return
+    if len(_ignored_samples) > _GPU_ID_CACHE_LIMIT:
+        _ignored_samples.clear()
+    _ignored_samples[node_id] = (0, now)
+    logger.warning(
+        "node %s: ignored %d telemetry sample(s) for GPU UUIDs its inventory does not list (e.g. %s); "
+        "the next inventory that lists them lets their telemetry in",
+        node_id,
+        total,
+        ", ".join(sorted(uuids)[:3])[:300],
     )
-    return dict(connection.execute(_GPU_IDS, {"gpu_node_id": node_id}).all())
+
+
+def sample_rows(connection: sa.Connection, node_id: str, samples: list[dict[str, object]]) -> list[dict[str, object]]:
+    """N4, P5: the telemetry rows to store: samples of GPUs the node's inventory lists.
+
+    A sample for any other UUID is ignored rather than refused: refusing would fail the whole
+    heartbeat, and with it the liveness of a good agent whose GPU set changed since its last
+    inventory (a GPU lost or added); ignoring keeps the node online and stores nothing invented.
+    What was dropped is counted in the log (_note_ignored). No GPU row is ever created here, so a
+    node's GPUs are the ones its inventories listed (at most MAX_GPU_ROWS: record_inventory).
+    """
+    gpu_ids = _gpu_ids(connection, node_id, {sample["gpu_uuid"] for sample in samples})
+    rows = [
+        {"gpu_id": gpu_ids[sample["gpu_uuid"]], "sampled_at": sample["sampled_at"]}
+        | {metric: sample[metric] for metric in METRICS}
+        for sample in samples
+        if sample["gpu_uuid"] in gpu_ids
+    ]
+    if len(rows) < len(samples):
+        unknown = {sample["gpu_uuid"] for sample in samples} - gpu_ids.keys()
+        _note_ignored(node_id, len(samples) - len(rows), unknown)
+    return rows
 
 
 def authenticate(secret: str) -> Publisher:
@@ -199,13 +248,7 @@ def record_heartbeat(
         lease = connection.execute(_HEARTBEAT_BRINGING_ONLINE, beat).first()
         action = "node.online" if previous in (None, "pending") else "node.returned"
         audit.record(audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=previous)
-    if samples:
-        gpu_ids = _gpu_ids(connection, publisher.node_id, {sample["gpu_uuid"] for sample in samples}, now)
-        rows = [
-            {"gpu_id": gpu_ids[sample["gpu_uuid"]], "sampled_at": sample["sampled_at"]}
-            | {metric: sample[metric] for metric in METRICS}
-            for sample in samples
-        ]
+    if samples and (rows := sample_rows(connection, publisher.node_id, samples)):
         connection.execute(_INSERT_SAMPLES[connection.dialect.name], rows)
     if observations:
         storage.record_observations(publisher.node_id, observations)
@@ -277,6 +320,62 @@ def _note_worker_change(node_id: str, worker: WorkerReport) -> None:
         )
 
 
+# P4, P5: a node whose hostname or GPU set keeps changing writes one change event per kind per
+# window, not one per inventory — an agent flipping them (1,000 events in 3.6 s) would otherwise push
+# every operator event off the audit page's first page.
+CHANGE_AUDIT_WINDOW = timedelta(minutes=10)
+
+
+def _audit_change(node_id: str, action: str, now: datetime, **details: object) -> None:
+    """Audit a change, or fold it into this node's event of the same kind from the last window.
+
+    The folded event keeps its time, its place in the log and the first change's details as
+    written; it gains `changes` (how many in all), `last_at` and `last` (the latest change's
+    details). Once the window has passed the next change is a new event, so the operator sees every
+    kind of change at least once per window, with how many there were — and the log's first page
+    keeps the operator's own events. Changes are read only when one happened: no cost otherwise.
+    """
+    recent = db.session.scalar(
+        sa.select(AuditEvent)
+        .where(
+            AuditEvent.node_id == node_id,
+            AuditEvent.action == action,
+            AuditEvent.at >= now - CHANGE_AUDIT_WINDOW,
+        )
+        .order_by(AuditEvent.id.desc())
+        .limit(1)
+    )
+    if recent is None:
+        audit.record(audit.agent_actor(node_id), action, node_id, **details)
+        return
+    folded = dict(recent.details or {})
+    changes = folded.get("changes")
+    folded.update(changes=(changes if isinstance(changes, int) else 1) + 1, last_at=isoformat(now), last=details)
+    recent.details = folded  # a new dict: the JSON column sees the change
+
+
+# N4, P5: a node keeps rows for the GPUs its inventory lists (at most MAX_GPUS) and remembers a few
+# that went (shown as missing, their telemetry kept); the longest gone beyond this are forgotten with
+# their telemetry, so an agent reporting new UUIDs in every inventory cannot grow its rows forever.
+MAX_GONE_GPUS = 64
+
+
+def _forget_gone_gpus(node_id: str, gone: list[Gpu]) -> None:
+    """Delete the GPUs gone longest beyond MAX_GONE_GPUS (their samples go by the foreign key)."""
+    if len(gone) <= MAX_GONE_GPUS:
+        return
+    oldest = sorted(gone, key=lambda gpu: (gpu.last_seen_at, gpu.id))[: len(gone) - MAX_GONE_GPUS]
+    ids = [gpu.id for gpu in oldest]
+    for gpu in oldest:
+        db.session.expunge(gpu)
+    for table in (TelemetrySample.__table__, TelemetryRollup.__table__):
+        db.session.execute(table.delete().where(table.c.gpu_id.in_(ids)))
+    db.session.execute(_gpus.delete().where(_gpus.c.id.in_(ids)))
+    cache = _gpu_id_cache.get(db.session.connection().engine, {})
+    for gpu in oldest:
+        cache.pop((node_id, gpu.uuid), None)
+
+
 def record_inventory(
     publisher: Publisher,
     versions: Versions,
@@ -303,7 +402,7 @@ def record_inventory(
     node = db.session.get(Node, node_id)
     hostname = facts.get("hostname")
     if isinstance(hostname, str) and hostname and hostname != node.hostname:
-        audit.record(audit.agent_actor(node_id), "node.hostname_changed", node_id, old=node.hostname, new=hostname)
+        _audit_change(node_id, "node.hostname_changed", now, old=node.hostname, new=hostname)
         node.hostname = hostname
 
     known = {gpu.uuid: gpu for gpu in db.session.scalars(sa.select(Gpu).where(Gpu.node_id == node_id))}
@@ -322,7 +421,8 @@ def record_inventory(
     for uuid in removed:
         known[uuid].present = False
     if added or removed:
-        audit.record(audit.agent_actor(node_id), "node.gpus_changed", node_id, added=added, removed=removed)
+        _audit_change(node_id, "node.gpus_changed", now, added=added, removed=removed)
+    _forget_gone_gpus(node_id, [gpu for uuid, gpu in known.items() if uuid not in reported])
 
     _note_worker_change(node_id, worker)
     # J2: what it can run, read by every heartbeat for `jobs_waiting`; one UPDATE with the versions.
