@@ -63,6 +63,7 @@ BACKOFF_MIN_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 16.0
 INVENTORY_CHECK_SECONDS = 60.0
 INVENTORY_MAX_AGE_SECONDS = 3600.0
+RETRY_AFTER_MAX_SECONDS = 3600  # A2: the longest Retry-After the agent honours as given
 # Example hosts from our docs: an agent pointed at one was never configured.
 PLACEHOLDER_HOSTS = ("modelforge.example", "example.com", "example.internal")
 
@@ -737,7 +738,7 @@ class PublishError(Exception):
 
     `reply` is the parsed JSON object of an HTTP error (empty otherwise): the agent reads a
     few fields of it (the error's message, the compatibility answer), but describe() never
-    shows it.
+    shows it. `retry_after` is the reply's Retry-After in seconds, when it named a number.
     """
 
     def __init__(
@@ -748,9 +749,11 @@ class PublishError(Exception):
         status: int | None = None,
         code: str | None = None,
         reply: dict[str, object] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         self.method, self.path, self.kind, self.status, self.code = method, path, kind, status, code
         self.reply: dict[str, object] = reply if reply is not None else {}
+        self.retry_after = retry_after
         super().__init__(self.describe())
 
     def describe(self) -> str:
@@ -808,8 +811,17 @@ class Client:
         if response.status_code >= 400:
             error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
             code = error.get("code") if isinstance(error.get("code"), str) else None
-            raise PublishError("POST", path, "HTTPError", response.status_code, code, reply)
+            retry_after = retry_after_seconds(response.headers.get("Retry-After"))
+            raise PublishError("POST", path, "HTTPError", response.status_code, code, reply, retry_after)
         return reply
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header's delay in seconds (the form this control plane sends), at most an
+    hour so a wrong header cannot silence the node; None when absent or an HTTP date."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(min(int(value.strip()), RETRY_AFTER_MAX_SECONDS))
 
 
 # --------------------------------------------------------------------------- storage roots
@@ -3063,6 +3075,9 @@ class Agent:
 
     def handle_refusal(self, error: PublishError) -> None:
         """Decide what a 4xx from a publication means (A1, I5, I6)."""
+        if error.status == 429:
+            self.wait_retry_after(error)
+            return
         if error.status == 401:
             log.error("%s: the node credential is no longer accepted; re-enrol with a new token", error.describe())
             raise Exit(EXIT_CREDENTIAL_REVOKED)
@@ -3087,6 +3102,17 @@ class Agent:
                 )
             self.backoff.hold_at_max()
         self.wait_after(error)
+
+    def wait_retry_after(self, error: PublishError) -> None:
+        """A2: published sooner than the control plane's per-node rate allows. Nothing is wrong
+        with the node or its credential: wait what Retry-After says (the backoff when it says
+        nothing usable) before the next publication, saying so once until one is accepted."""
+        delay = error.retry_after if error.retry_after is not None else self.backoff.next_delay()
+        if "rate-limited" not in self.said_once:
+            self.said_once.add("rate-limited")
+            log.warning("%s (retry after %gs)", error.describe(), delay)
+        if self.stop.wait(delay):
+            raise Exit(EXIT_OK)
 
     def health(self, telemetry_errors: dict[str, dict[str, str]]) -> dict[str, str]:
         """ok; degraded (some readings failed, a data directory is unusable); failing (no GPU readable)."""
@@ -3291,6 +3317,7 @@ class Agent:
             if self.backoff.attempt:
                 log.info("publishing again after %d failed attempt(s)", self.backoff.attempt)
                 self.backoff.reset()
+            self.said_once.discard("rate-limited")  # the next 429 is a new episode, logged again
             if once:
                 return EXIT_OK
             self.maybe_claim()

@@ -518,3 +518,36 @@ def test_every_configuration_error_exits_2_with_one_line(run_main, env, named):
     # Said once, last; at most the start-up line comes before it (once the agent got that far).
     assert all("starting" in earlier and named not in earlier for earlier in before) and len(before) <= 1
     assert out == ""
+
+
+def test_a_rate_limited_publication_waits_what_retry_after_says_and_logs_it_once(tmp_path, caplog, monkeypatch):
+    running = cpu_agent(tmp_path)
+    waits = []
+    running.stop.wait = lambda seconds: waits.append(seconds) or False
+    sent = []
+
+    def post(path, body):
+        sent.append(path.rsplit("/", 1)[1])
+        if path.endswith("heartbeat") and sent.count("heartbeat") <= 2:
+            raise agent.PublishError("POST", path, "HTTPError", 429, "NODE_RATE_LIMITED", {}, retry_after=7.0)
+        return {}
+
+    running.client.post = post
+    caplog.set_level(logging.INFO, logger="modelforge_node_agent")
+    monkeypatch.setattr(agent.log, "propagate", True)
+    assert running.run(once=True) == 0  # A2: not an exit, not a credential problem
+    assert sent == ["inventory", "heartbeat", "heartbeat", "heartbeat"]
+    assert waits == [7.0, 7.0]  # exactly what Retry-After said, no backoff climb, no jitter
+    line = "HTTP 429 NODE_RATE_LIMITED on POST /api/v1/agent/heartbeat (retry after 7s)"
+    assert caplog.text.count(line) == 1  # once per episode
+    assert running.backoff.attempt == 0 and "re-enrol" not in caplog.text
+    assert running.client.credential == "mfn_" + "c" * 43
+    assert "rate-limited" not in running.said_once  # accepted again: the next 429 is logged anew
+
+
+def test_retry_after_is_read_as_seconds_and_bounded():
+    assert agent.retry_after_seconds("7") == 7.0
+    assert agent.retry_after_seconds(" 2 ") == 2.0
+    assert agent.retry_after_seconds("999999") == agent.RETRY_AFTER_MAX_SECONDS
+    assert agent.retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert agent.retry_after_seconds("-1") is None and agent.retry_after_seconds(None) is None
