@@ -244,10 +244,14 @@ def record_heartbeat(
         locked = connection.execute(_LEASE_STATUS_LOCKED, {"lease_node_id": publisher.node_id}).first()
         previous, last_beat = (None, None) if locked is None else locked
         if previous == "online" and last_beat is not None and last_beat > beat["accept_before"]:
-            raise rate_limits.refusal("heartbeat", last_beat, now)  # rolled back: nothing stored
+            # Too soon, unless an inventory was accepted since: an agent (re)starting publishes
+            # inventory then heartbeat, and its first beat is let through (app.rate_limits).
+            if not rate_limits.inventory_since(connection, publisher.node_id, last_beat):
+                raise rate_limits.refusal("heartbeat", last_beat, now)  # rolled back: nothing stored
         lease = connection.execute(_HEARTBEAT_BRINGING_ONLINE, beat).first()
-        action = "node.online" if previous in (None, "pending") else "node.returned"
-        audit.record(audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=previous)
+        if previous != "online":
+            action = "node.online" if previous in (None, "pending") else "node.returned"
+            audit.record(audit.agent_actor(publisher.node_id), action, publisher.node_id, previous=previous)
     if samples and (rows := sample_rows(connection, publisher.node_id, samples)):
         connection.execute(_INSERT_SAMPLES[connection.dialect.name], rows)
     if observations:

@@ -3,12 +3,16 @@ gets 429 NODE_RATE_LIMITED with Retry-After, and nothing it sent is stored.
 
 The rule, for heartbeats and inventories alike: a publication is accepted when at least half the
 heartbeat interval has passed since that node's last ACCEPTED one of the same kind. A good agent
-beats once per interval (its catch-up after a slow reply and its restarts stay well apart), an
-agent whose request failed never reached the database (nothing was committed, so nothing
-counts), and a node can never publish more than twice its interval's worth: the 1,457 beats in
-5 s of issue 15 become 10. The state is the row itself (`node_leases.last_heartbeat_at`,
-`node_inventories.received_at`), so every gunicorn worker and every replica sees the same limit,
-and the heartbeat's check is one more condition on the UPDATE it runs anyway.
+beats once per interval (drift-free, so even its catch-up after a slow reply stays about an
+interval apart), a request that failed was rolled back (nothing committed, so a backoff retry
+never counts), and a node can publish at most twice its interval's worth: the 1,457 beats in
+5 s of issue 15 become 10. One exception: the first heartbeat after an accepted inventory is
+accepted however soon, because an agent that (re)starts publishes inventory then heartbeat, and
+a restart may come moments after its last beat; inventories being limited too, this at most
+doubles a hostile node's beats again. The state is the row itself
+(`node_leases.last_heartbeat_at`, `node_inventories.received_at`), so every gunicorn worker and
+every replica sees the same limit; the heartbeat's check is one more condition on the UPDATE it
+runs anyway, and the reason (and the inventory's time) is read only when that matches nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ _CLAIM_INVENTORY = (
 )
 _LAST_INVENTORY = sa.select(_inventories.c.received_at).where(
     _inventories.c.node_id == sa.bindparam("inventory_node_id")
+)
+_INVENTORY_SINCE = sa.select(sa.literal(1)).where(
+    _inventories.c.node_id == sa.bindparam("inventory_node_id"),
+    _inventories.c.received_at > sa.bindparam("since"),
 )
 
 
@@ -91,3 +99,9 @@ def admit_inventory(connection: sa.Connection, node_id: str, now: datetime) -> N
     last = connection.execute(_LAST_INVENTORY, {"inventory_node_id": node_id}).scalar()
     if last is not None and last > accept_before(now):
         raise refusal("inventory", last, now)
+
+
+def inventory_since(connection: sa.Connection, node_id: str, moment: datetime) -> bool:
+    """Whether the node had an inventory accepted after `moment` (its last accepted heartbeat)."""
+    found = connection.execute(_INVENTORY_SINCE, {"inventory_node_id": node_id, "since": moment}).first()
+    return found is not None

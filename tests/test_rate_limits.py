@@ -150,3 +150,15 @@ def test_a_burst_of_inventories_is_refused_after_the_first_and_audits_nothing(ra
     assert again.status_code == 200, again.text
     listed = requests.get(f"{rated_server.url}/api/v1/hardware/nodes/{node_id}", headers=ADMIN, timeout=10)
     assert listed.json()["hostname"] == "second"
+
+
+def test_an_accepted_inventory_lets_the_next_heartbeat_through_once(rated_server):
+    """A restarting agent publishes inventory then heartbeat, maybe moments after its last beat:
+    that first beat is accepted; the one after it is limited again."""
+    node = enrolled(rated_server)
+    now = datetime.now(UTC)
+    assert beat(rated_server, node, now).status_code == 200
+    assert_rate_limited(beat(rated_server, node, now + timedelta(seconds=1)))
+    assert post(rated_server, "inventory", factories.inventory_body(), node).status_code == 200  # restart
+    assert beat(rated_server, node, now + timedelta(seconds=2)).status_code == 200
+    assert_rate_limited(beat(rated_server, node, now + timedelta(seconds=3)))
