@@ -375,11 +375,12 @@ def test_node_page_copes_with_a_sparse_inventory(app, console):
     assert "Memory</dt><dd>—" in response.get_data(as_text=True)
 
 
-def test_node_page_survives_malformed_agent_facts(console):
+def test_malformed_agent_facts_are_refused_by_name_and_the_node_page_stands(console):
     node = factories.enrolled_node(console)
     headers = factories.bearer(node["credential"])
     body = factories.inventory_body(storage=["state"], unknown_reasons=["a"], cpu_count="many")
-    assert console.post("/api/v1/agent/inventory", json=body, headers=headers).status_code == 200
+    refused = console.post("/api/v1/agent/inventory", json=body, headers=headers)
+    assert refused.status_code == 400 and "inventory." in refused.get_json()["error"]["message"], refused.get_json()
     page = console.get(f"/hardware/nodes/{node['node_id']}")
     assert page.status_code == 200
     assert console.get(f"/hardware/nodes/{node['node_id']}", headers=HTMX).status_code == 200
