@@ -13,6 +13,8 @@ doubles a hostile node's beats again. The state is the row itself
 (`node_leases.last_heartbeat_at`, `node_inventories.received_at`), so every gunicorn worker and
 every replica sees the same limit; the heartbeat's check is one more condition on the UPDATE it
 runs anyway, and the reason (and the inventory's time) is read only when that matches nothing.
+
+The limit is on when MODELFORGE_NODE_RATE_LIMIT is (app.config; off by default for now).
 """
 
 from __future__ import annotations
@@ -77,10 +79,9 @@ def spacing() -> timedelta:
 
 def accept_before(now: datetime) -> datetime:
     """A publication is accepted when the node's last accepted one is at or before this moment."""
-    settings = current_settings()
-    if not settings.node_rate_limit:
+    if not current_settings().node_rate_limit:
         return _UNLIMITED
-    return now - timedelta(seconds=settings.heartbeat_interval_seconds * SPACING)
+    return now - spacing()
 
 
 def refusal(kind: str, last: datetime, now: datetime) -> NodeRateLimited:
@@ -91,6 +92,8 @@ def refusal(kind: str, last: datetime, now: datetime) -> NodeRateLimited:
 
 def admit_inventory(connection: sa.Connection, node_id: str, now: datetime) -> None:
     """Raise NodeRateLimited unless this node's last accepted inventory is old enough (or none)."""
+    if not current_settings().node_rate_limit:
+        return
     claimed = connection.execute(
         _CLAIM_INVENTORY, {"inventory_node_id": node_id, "accept_before": accept_before(now), "now": now}
     )
