@@ -49,7 +49,7 @@ class Settings:
     # A2, P5: heartbeats and inventories sooner than half the interval after the node's last
     # accepted one get 429 (app.rate_limits). Off until the test suite's in-process fixtures,
     # which publish back to back, opt out of it; turned on in production and by its own tests.
-    node_rate_limit: bool = False
+    node_rate_limit: bool = True
 
     def as_flask_config(self) -> dict[str, object]:
         """The Flask config keys these settings fill in."""
@@ -231,5 +231,5 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         telemetry_raw_retention_seconds=raw_retention,
         telemetry_rollup_retention_seconds=rollup_retention,
         run_scheduler=_bool(env, "MODELFORGE_SCHEDULER", True),
-        node_rate_limit=_bool(env, "MODELFORGE_NODE_RATE_LIMIT", False),
+        node_rate_limit=_bool(env, "MODELFORGE_NODE_RATE_LIMIT", True),
     )

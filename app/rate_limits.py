@@ -14,7 +14,7 @@ doubles a hostile node's beats again. The state is the row itself
 every replica sees the same limit; the heartbeat's check is one more condition on the UPDATE it
 runs anyway, and the reason (and the inventory's time) is read only when that matches nothing.
 
-The limit is on when MODELFORGE_NODE_RATE_LIMIT is (app.config; off by default for now).
+The limit is on unless MODELFORGE_NODE_RATE_LIMIT is off (app.config; on by default).
 """
 
 from __future__ import annotations

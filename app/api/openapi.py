@@ -48,6 +48,7 @@ def _errors(*statuses: int) -> dict:
         413: "Body too large",
         415: "Body is not JSON",
         426: "Protocol incompatible; the body carries `compatibility`",
+        429: "Faster than the heartbeat interval allows; wait `Retry-After` seconds",
     }
     responses = {str(status): _json(_ref("Error"), described[status]) for status in statuses}
     responses["default"] = _json(_ref("Error"), "Any other error, in the same shape")
@@ -746,7 +747,7 @@ def _paths() -> dict:
                             _obj(AGENT_REPLY, ["status", "compatibility", "heartbeat_interval_seconds"]),
                             "Stored",
                         ),
-                        **_errors(400, 401, 403, 413, 415, 426),
+                        **_errors(400, 401, 403, 413, 415, 426, 429),
                     },
                 }
             )
@@ -764,7 +765,7 @@ def _paths() -> dict:
                             ),
                             "Recorded; `storage_roots` only when the agent's etag is out of date (J1)",
                         ),
-                        **_errors(400, 401, 403, 413, 415, 426),
+                        **_errors(400, 401, 403, 413, 415, 426, 429),
                     },
                 }
             )
