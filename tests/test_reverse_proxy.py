@@ -156,6 +156,17 @@ def csrf_token(html: str) -> str:
     return re.search(r'name="csrf_token" type="hidden" value="([^"]+)"', html).group(1)
 
 
+def failed_login_details(server) -> str:
+    """The details of the one audited failed sign-in (the address the control plane believed)."""
+    engine = sa.create_engine(server.env["MODELFORGE_DATABASE_URL"])
+    with engine.connect() as connection:
+        details = connection.execute(
+            sa.text("SELECT details FROM audit_events WHERE action = 'console.login_failed'")
+        ).scalar_one()
+    engine.dispose()
+    return details
+
+
 def sign_in(session: requests.Session, base: str, key: str, ca) -> requests.Response:
     form = session.get(base + "/login", verify=ca)
     return session.post(
@@ -203,12 +214,7 @@ def test_the_login_limit_counts_the_address_nginx_saw_not_a_forged_one(proxied):
     forger = requests.Session()
     forger.headers["X-Forwarded-For"] = "203.0.113.77"  # nginx appends the real peer after it
     assert sign_in(forger, nginx.url, "not-the-key" * 4, str(nginx.ca)).status_code == 401
-    engine = sa.create_engine(server.env["MODELFORGE_DATABASE_URL"])
-    with engine.connect() as connection:
-        details = connection.execute(
-            sa.text("SELECT details FROM audit_events WHERE action = 'console.login_failed'")
-        ).scalar_one()
-    engine.dispose()
+    details = failed_login_details(server)
     assert '"remote_addr": "127.0.0.1"' in details and "203.0.113.77" not in details
     # nginx's own log shows the request came from 127.0.0.1 with the forged header beside it.
     assert "127.0.0.1" in (nginx.root / "access.log").read_text()
@@ -276,12 +282,7 @@ def test_the_deploy_proxy_appends_what_one_trusted_hop_believes_whatever_a_clien
     signed_in = sign_in(forger, proxy.url, OPERATOR_KEY, True)
     assert signed_in.status_code == 302 and "Secure" not in signed_in.headers["Set-Cookie"]
     assert sign_in(requests.Session(), proxy.url, "not-the-key" * 4, True).status_code == 401
-    engine = sa.create_engine(server.env["MODELFORGE_DATABASE_URL"])
-    with engine.connect() as connection:
-        details = connection.execute(
-            sa.text("SELECT details FROM audit_events WHERE action = 'console.login_failed'")
-        ).scalar_one()
-    engine.dispose()
+    details = failed_login_details(server)
     assert '"remote_addr": "127.0.0.1"' in details and "203.0.113.77" not in details
 
 
