@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from app import audit, rate_limits, tokens
+from app.acceptance import checklist as acceptance
 from app.compat import RUNTIME_WORKER, answer_for
 from app.db import begin_read_only, insert_ignoring_duplicates
 from app.errors import DomainError
@@ -397,6 +398,7 @@ def record_inventory(
     now = utcnow()
     node_id = publisher.node_id
     inventory = db.session.get(NodeInventory, node_id)
+    previous_facts = inventory.facts if inventory is not None else None
     if inventory is None:
         db.session.add(NodeInventory(node_id=node_id, facts=facts, received_at=now))
     else:
@@ -413,6 +415,7 @@ def record_inventory(
     reported = {gpu["uuid"]: gpu for gpu in gpus}
     added = sorted(set(reported) - {uuid for uuid, gpu in known.items() if gpu.present})
     removed = sorted(uuid for uuid, gpu in known.items() if gpu.present and uuid not in reported)
+    present_before = sorted(uuid for uuid, gpu in known.items() if gpu.present)
     for uuid, fields in reported.items():
         gpu = known.get(uuid)
         if gpu is None:
@@ -439,5 +442,7 @@ def record_inventory(
         ),
         {"lease_node_id": node_id, **versions.columns(now)},
     )
+    # V1: restart identity, the control plane's read-back, and a contradiction clearing production_eligible.
+    acceptance.after_inventory(node, previous_facts, facts, present_before, sorted(reported))
     db.session.commit()
     return {"gpus": len(reported), "gpus_added": len(added), "gpus_removed": len(removed)}

@@ -43,6 +43,10 @@ STATUS_BY_CODE = {
     "ARTIFACT_NOT_FOUND": 404,
     "ARTIFACT_NOT_ON_NODE": 409,
     "NODE_RATE_LIMITED": 429,
+    "NODE_NOT_VALIDATED": 409,
+    "INSPECT_TOO_LARGE": 413,
+    "SCREENSHOT_TOO_LARGE": 413,
+    "SCREENSHOT_NOT_FOUND": 404,
 }
 
 # The API's code and next step for errors Werkzeug raises before or instead of a view.

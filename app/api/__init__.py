@@ -33,7 +33,17 @@ def _before_api_request():
 
 def init_app(app: Flask) -> None:
     """Register the API blueprints (their errors are answered by app.web_errors)."""
-    from app.api import agent, agent_jobs, audit_events, enrollments, health, jobs, nodes, openapi  # noqa: F401
+    from app.api import (  # noqa: F401
+        acceptance,
+        agent,
+        agent_jobs,
+        audit_events,
+        enrollments,
+        health,
+        jobs,
+        nodes,
+        openapi,
+    )
 
     csrf.exempt(bp)  # STYLE 6: the API authenticates by header, never by cookie.
     csrf.exempt(health.bp)

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from app import rules
+from app.acceptance.container import MAX_INSPECT_CHARS
 from app.api.validation import invalid
 from app.enrollment import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
 from app.jobs import queue, runtime
@@ -275,10 +276,26 @@ class StorageFacts(Body):
 
 
 class AgentFacts(Body):
-    """N4: the agent's own version and the Python it runs on."""
+    """N4: the agent's own version and the Python it runs on; V1: this run's start id and time."""
 
     version: optional_text(64) = None
     python: optional_text(32) = None
+    # V1: random per agent process, so a restart is seen as a new id (the restart identity item).
+    start_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None = None
+    started_at: SampleTime | None = None
+
+
+# V1: nvidia-smi's CSV, a line per GPU of at most a few hundred characters; the agent caps it too.
+MAX_NVIDIA_SMI_OUTPUT = 16 * 1024
+
+
+class NvidiaSmiFacts(Body):
+    """V1: what `nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader`
+    printed on the node (`output`), or why it could not be run (`problem`)."""
+
+    output: Annotated[str, StringConstraints(max_length=MAX_NVIDIA_SMI_OUTPUT, pattern=r"^[^\x00]*$")] | None = None
+    problem: Reason = None
+    exit_status: whole(-256, 255) | None = None
 
 
 class InventoryFacts(Body):
@@ -304,6 +321,7 @@ class InventoryFacts(Body):
     gpu_unknown_reasons: mapping(GpuKey, Reasons, MAX_GPUS) = {}
     unknown_reasons: Reasons = {}
     agent: AgentFacts | None = None
+    nvidia_smi: NvidiaSmiFacts | None = None
     gpus: Annotated[
         list[GpuFacts],
         Field(max_length=MAX_GPUS, json_schema_extra={"description": "Each GPU UUID at most once"}),
@@ -535,6 +553,22 @@ class JobCreate(
     RootModel[Annotated[AcquireJobCreate | BenchmarkJobCreate | GenerateJobCreate, Field(discriminator="type")]]
 ):
     """J2: a typed job for one node; `type` decides which params go with it."""
+
+
+class ProductionEligibility(Body):
+    """V1: set or clear a node's production_eligible flag; true only on a validated node."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    production_eligible: bool
+
+
+class ContainerStatus(Body):
+    """V1: the output of `docker inspect` (or `podman inspect`) of the node-agent container, as pasted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inspect: Annotated[str, StringConstraints(min_length=1, max_length=MAX_INSPECT_CHARS, pattern=r"^[^\x00]*$")]
 
 
 class ClaimRequest(Versions):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from functools import cache
 
-from app import rules
+from app import acceptance, rules
+from app.acceptance import checklist, uploads
 from app.api import bodies, bp, json_response
 from app.jobs import queue
 from app.models import JobState
@@ -771,6 +772,7 @@ def _paths() -> dict:
             )
         },
         **_job_paths(),
+        **_acceptance_paths(),
     }
 
 
@@ -930,6 +932,150 @@ def _job_paths() -> dict:
                     "summary": "The attempt failed; retried while attempts remain and the class allows (J2)",
                     "requestBody": _body(bodies.FailRequest),
                     "responses": {"200": _json(_obj({"job": JOB}, ["job"]), "Recorded"), **fenced},
+                }
+            ),
+        },
+    }
+
+
+ACCEPTANCE_ITEM = _obj(
+    {
+        "name": {"enum": [name for name, _ in acceptance.ITEMS]},
+        "title": {"type": "string"},
+        "state": {"enum": list(checklist.STATES)},
+        "observed_at": NULLABLE_TIME,
+        "source": {"type": "string"},
+        "detail": {"type": "string"},
+        "evidence": {"type": "object"},
+    },
+    ["name", "title", "state", "observed_at", "source", "detail", "evidence"],
+)
+ACCEPTANCE = _obj(
+    {
+        "node_id": {"type": "string"},
+        "validated": {"type": "boolean"},
+        "production_eligible": {"type": "boolean"},
+        "items": _list(ACCEPTANCE_ITEM),
+    },
+    ["node_id", "validated", "production_eligible", "items"],
+)
+SCREENSHOT = _obj(
+    {
+        "id": {"type": "integer"},
+        "filename": {"type": "string"},
+        "content_type": {"enum": list(uploads.EXTENSIONS)},
+        "size_bytes": {"type": "integer", "minimum": 1, "maximum": uploads.MAX_SCREENSHOT_BYTES},
+        "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "width": {"type": "integer"},
+        "height": {"type": "integer"},
+        "uploaded_at": TIME,
+    },
+    ["id", "filename", "content_type", "size_bytes", "sha256", "width", "height", "uploaded_at"],
+)
+
+
+def _acceptance_paths() -> dict:
+    """V1: the checklist, production eligibility, the evidence the operator gives, the bundle."""
+    node_id = [_path_param("node_id")]
+    base = "/api/v1/admin/nodes/{node_id}"
+    limit = uploads.MAX_SCREENSHOT_BYTES
+    return {
+        f"{base}/acceptance": {
+            "parameters": node_id,
+            "get": _admin(
+                {
+                    "summary": "The node's acceptance checklist, item by item, and whether it is validated (V1)",
+                    "responses": {"200": _json(ACCEPTANCE, "The checklist"), **_errors(401, 404)},
+                }
+            ),
+        },
+        f"{base}/production-eligibility": {
+            "parameters": node_id,
+            "post": _admin(
+                {
+                    "summary": "Set or clear production_eligible; true only on a validated node (V1)",
+                    "requestBody": _body(bodies.ProductionEligibility),
+                    "responses": {
+                        "200": _json(ACCEPTANCE, "Set; the checklist"),
+                        **_errors(400, 401, 404, 409, 413, 415),
+                        "409": _json(
+                            _ref("Error"),
+                            "NODE_NOT_VALIDATED: `missing` and `contradicted` name the items that are not observed",
+                        ),
+                    },
+                }
+            ),
+        },
+        f"{base}/acceptance/container-status": {
+            "parameters": node_id,
+            "post": _admin(
+                {
+                    "summary": "Check and keep a pasted `docker inspect` of the node-agent container; environment "
+                    "values and anything secret-looking are dropped before it is stored (V1)",
+                    "requestBody": _body(bodies.ContainerStatus),
+                    "responses": {
+                        "201": _json(ACCEPTANCE_ITEM, "Checked and kept; `state` says whether every check passed"),
+                        **_errors(400, 401, 404, 413, 415),
+                    },
+                }
+            ),
+        },
+        f"{base}/acceptance/screenshots": {
+            "parameters": node_id,
+            "post": _admin(
+                {
+                    "summary": f"Upload one PNG or JPEG screenshot of at most {limit} bytes (V1)",
+                    "description": "The file is checked to be a PNG or JPEG by its bytes (signature and "
+                    "structure, down to its dimensions), never by its name or content type.",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "multipart/form-data": {
+                                "schema": _obj(
+                                    {"file": {"type": "string", "format": "binary", "maxLength": limit}},
+                                    ["file"],
+                                ),
+                            }
+                        },
+                    },
+                    "responses": {
+                        "201": _json(SCREENSHOT, "Kept (the same bytes uploaded again return the kept one)"),
+                        **_errors(400, 401, 404, 413, 415),
+                    },
+                }
+            ),
+        },
+        f"{base}/acceptance/screenshots/{{screenshot_id}}": {
+            "parameters": [*node_id, {"name": "screenshot_id", "in": "path", "required": True,
+                                      "schema": {"type": "integer"}}],  # fmt: skip
+            "get": _admin(
+                {
+                    "summary": "One uploaded screenshot's file, to the operator only (V1)",
+                    "responses": {
+                        "200": {
+                            "description": "The image",
+                            "content": {
+                                content_type: {"schema": {"type": "string", "format": "binary"}}
+                                for content_type in uploads.EXTENSIONS
+                            },
+                        },
+                        **_errors(401, 404),
+                    },
+                }
+            ),
+        },
+        f"{base}/acceptance/export": {
+            "parameters": node_id,
+            "get": _admin(
+                {
+                    "summary": "The node's evidence bundle: a zip of report.json, report.html and screenshots/ (V1)",
+                    "responses": {
+                        "200": {
+                            "description": "The bundle",
+                            "content": {"application/zip": {"schema": {"type": "string", "format": "binary"}}},
+                        },
+                        **_errors(401, 404),
+                    },
                 }
             ),
         },

@@ -1,5 +1,6 @@
 """SQLAlchemy models, one module per concept."""
 
+from app.models.acceptance import AcceptanceEvidence, AcceptanceScreenshot
 from app.models.audit import AuditEvent
 from app.models.credential import Credential
 from app.models.enrollment import Enrollment, EnrollmentState
@@ -11,6 +12,8 @@ from app.models.session import OperatorSession
 from app.models.telemetry import TelemetryRollup, TelemetrySample
 
 __all__ = [
+    "AcceptanceEvidence",
+    "AcceptanceScreenshot",
     "Artifact",
     "AuditEvent",
     "Credential",

@@ -1,0 +1,64 @@
+"""P2 for V1 evidence: nothing secret is stored with the evidence, and the read-back is checked for it."""
+
+from __future__ import annotations
+
+import re
+
+import sqlalchemy as sa
+
+from app import tokens
+from app.extensions import db
+from app.models import Credential, Enrollment
+
+REMOVED = "[removed]"
+# A name that says it holds a secret (environment variables, labels, fields).
+SECRET_NAME = re.compile(r"token|secret|passw|private|api[_-]?key|(^|[^a-z])key([^a-z]|$)|hash", re.IGNORECASE)
+# A whole ModelForge secret: the prefix and more than the characters the UI may show of it.
+WHOLE_SECRET = re.compile(
+    rf"(?:{re.escape(tokens.ENROLLMENT_TOKEN_PREFIX)}|{re.escape(tokens.NODE_CREDENTIAL_PREFIX)})"
+    rf"[A-Za-z0-9_-]{{{tokens.VISIBLE_CHARS + 1},}}"
+)
+
+
+def secret_looking_name(name: str) -> bool:
+    """Whether a variable, label or field name says it holds a secret (token, secret, password, key…)."""
+    return bool(SECRET_NAME.search(name))
+
+
+def _known_secrets(node_id: str) -> set[str]:
+    """What must never appear in a node's evidence: its credential and enrolment hashes, the operator's keys."""
+    from app.config import current_settings
+
+    settings = current_settings()
+    known = {settings.operator_api_key, settings.secret_key}
+    known |= set(db.session.scalars(sa.select(Credential.token_hash).where(Credential.node_id == node_id)))
+    known |= set(db.session.scalars(sa.select(Enrollment.token_hash).where(Enrollment.node_id == node_id)))
+    return {secret for secret in known if secret}
+
+
+def scrub(value: object, known: set[str], path: str = "", findings: list[str] | None = None) -> object:
+    """The value with secret-looking fields and secret values replaced by REMOVED; each found path appended."""
+    findings = [] if findings is None else findings
+    if isinstance(value, dict):
+        cleaned = {}
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if secret_looking_name(str(key)) and item not in (None, "", [], {}):
+                findings.append(where)
+                cleaned[key] = REMOVED
+            else:
+                cleaned[key] = scrub(item, known, where, findings)
+        return cleaned
+    if isinstance(value, list):
+        return [scrub(item, known, f"{path}[{index}]", findings) for index, item in enumerate(value)]
+    if isinstance(value, str) and (WHOLE_SECRET.search(value) or any(secret in value for secret in known)):
+        findings.append(path or "(value)")
+        return REMOVED
+    return value
+
+
+def scrub_read_back(document: dict[str, object], node_id: str) -> tuple[dict[str, object], list[str]]:
+    """The node's read-back without anything secret, and where something secret was found ([] when clean)."""
+    findings: list[str] = []
+    cleaned = scrub(document, _known_secrets(node_id), "", findings)
+    return cleaned, findings

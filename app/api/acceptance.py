@@ -1,0 +1,90 @@
+"""Admin API for acceptance evidence (V1): the checklist, production eligibility, evidence, the bundle."""
+
+from __future__ import annotations
+
+from flask import Response, request, send_file
+
+from app import acceptance, audit
+from app.acceptance import uploads
+from app.api import bodies, bp, json_response
+from app.api.auth import admin_required
+from app.api.errors import ApiError
+from app.api.validation import json_object
+
+
+@bp.get("/admin/nodes/<node_id>/acceptance")
+@admin_required
+def get_acceptance(node_id: str):
+    """V1: the node's checklist, item by item, and whether it is validated."""
+    return json_response(acceptance.evaluate(node_id).to_dict())
+
+
+@bp.post("/admin/nodes/<node_id>/production-eligibility")
+@admin_required
+def set_production_eligibility(node_id: str):
+    """V1: production_eligible may become true only on a validated node (409 NODE_NOT_VALIDATED)."""
+    body = bodies.parse(bodies.ProductionEligibility, json_object())
+    return json_response(
+        acceptance.set_production_eligible(node_id, body.production_eligible, audit.OPERATOR).to_dict()
+    )
+
+
+@bp.post("/admin/nodes/<node_id>/acceptance/container-status")
+@admin_required
+def post_container_status(node_id: str):
+    """V1: check and keep a pasted `docker inspect` of the node-agent container (values of its env dropped)."""
+    body = bodies.parse(bodies.ContainerStatus, json_object())
+    item = acceptance.record_container_status(node_id, body.inspect, audit.OPERATOR)
+    return json_response(item.to_dict(), 201)
+
+
+@bp.post("/admin/nodes/<node_id>/acceptance/screenshots")
+@admin_required
+def post_screenshot(node_id: str):
+    """V1: upload one PNG or JPEG screenshot (multipart field `file`)."""
+    # The upload route alone reads more than MODELFORGE_MAX_REQUEST_BYTES: a whole screenshot.
+    request.max_content_length = uploads.MAX_UPLOAD_REQUEST_BYTES
+    if request.content_length is not None and request.content_length > uploads.MAX_UPLOAD_REQUEST_BYTES:
+        raise uploads.too_large(request.content_length)
+    if request.mimetype != "multipart/form-data":
+        raise ApiError(
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            f"Expected Content-Type multipart/form-data, got {request.mimetype or 'none'}.",
+            "Upload the screenshot as multipart/form-data in the field `file`.",
+        )
+    upload = request.files.get("file")
+    if upload is None:
+        raise ApiError(
+            400,
+            "VALIDATION_FAILED",
+            "file: is required",
+            "Upload the screenshot as multipart/form-data in the field `file`.",
+            field="file",
+        )
+    data = upload.read(uploads.MAX_SCREENSHOT_BYTES + 1)
+    shot = acceptance.add_screenshot(node_id, upload.filename or "", data, audit.OPERATOR)
+    return json_response(shot.to_dict(), 201)
+
+
+@bp.get("/admin/nodes/<node_id>/acceptance/screenshots/<int:screenshot_id>")
+@admin_required
+def get_screenshot(node_id: str, screenshot_id: int):
+    """V1: one uploaded screenshot's file, to the operator only."""
+    path, content_type = acceptance.screenshot_file(node_id, screenshot_id)
+    response = send_file(path, mimetype=content_type, max_age=0)
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+@bp.get("/admin/nodes/<node_id>/acceptance/export")
+@admin_required
+def export_acceptance(node_id: str):
+    """V1: the node's evidence as one zip (report.json, report.html, screenshots/)."""
+    name, data = acceptance.export_bundle(node_id)
+    return Response(
+        data,
+        mimetype="application/zip",
+        headers={"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"},
+    )
