@@ -11,7 +11,7 @@ from pathlib import Path
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from app import api, cli, console, db, web_errors
+from app import api, cli, console, db, metrics, web_errors
 from app.config import ConfigError, load_settings
 from app.errors import DomainError
 from app.extensions import csrf, migrate
@@ -54,6 +54,7 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
     csrf.init_app(app)
     api.init_app(app)
     console.init_app(app)
+    metrics.init_app(app)
     web_errors.init_app(app)
     cli.init_app(app)
     app.after_request(_no_sniffing)

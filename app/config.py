@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -50,6 +50,9 @@ class Settings:
     # accepted one get 429 (app.rate_limits). Off until the test suite's in-process fixtures,
     # which publish back to back, opt out of it; turned on in production and by its own tests.
     node_rate_limit: bool = True
+    # O1: a second secret that reads GET /metrics only (Prometheus's bearer token); None: only the
+    # operator key reads it. Kept out of repr so no log of the settings carries it (P2).
+    metrics_token: str | None = field(default=None, repr=False)
 
     def as_flask_config(self) -> dict[str, object]:
         """The Flask config keys these settings fill in."""
@@ -153,6 +156,23 @@ def normalize_origin(url: str) -> str | None:
     return f"{parts.scheme}://{host}:{port}"
 
 
+MIN_METRICS_TOKEN_LENGTH = 32
+
+
+def _metrics_token(env: Mapping[str, str]) -> str | None:
+    """O1: MODELFORGE_METRICS_TOKEN, long and plain enough to be a bearer token, or None when unset."""
+    name = "MODELFORGE_METRICS_TOKEN"
+    token = env.get(name, "").strip()
+    if not token:
+        return None
+    # The value itself never appears in a refusal (P2): it is a secret even when it is wrong.
+    if len(token) < MIN_METRICS_TOKEN_LENGTH:
+        raise ConfigError(f"{name} must be at least {MIN_METRICS_TOKEN_LENGTH} characters")
+    if not all("!" <= character <= "~" for character in token):
+        raise ConfigError(f"{name} must be printable ASCII without spaces (it travels as a bearer token)")
+    return token
+
+
 def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
     """Parse and validate every MODELFORGE_* setting, or raise ConfigError naming the variable."""
     instance_path = Path(env.get("MODELFORGE_INSTANCE_PATH") or instance_path)
@@ -232,4 +252,5 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         telemetry_rollup_retention_seconds=rollup_retention,
         run_scheduler=_bool(env, "MODELFORGE_SCHEDULER", True),
         node_rate_limit=_bool(env, "MODELFORGE_NODE_RATE_LIMIT", True),
+        metrics_token=_metrics_token(env),
     )

@@ -2,8 +2,10 @@
 
 import gc
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 
 bind = os.environ.get("MODELFORGE_BIND", "127.0.0.1:8000")
@@ -20,6 +22,13 @@ access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms'
 # proxy may tell us is decided in one place, MODELFORGE_TRUSTED_PROXY_HOPS (ProxyFix, app/__init__.py):
 # with its default 0, nothing forwarded is believed from anyone (C1, E3).
 forwarded_allow_ips = ""
+
+# O1: prometheus_client's multi-process mode. Each worker keeps its HTTP series in files of its own
+# in this directory and GET /metrics, in whichever worker answers, sums them all. A fresh private
+# directory (0700) per master, made before the app (and so prometheus_client) is imported, so no
+# file of an earlier run or of another server on the host is ever counted; removed on exit.
+metrics_dir = tempfile.mkdtemp(prefix="modelforge-metrics-")
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
 
 
 def pre_fork(server, worker):
@@ -38,6 +47,13 @@ def post_fork(server, worker):
 
     with worker.app.wsgi().app_context():
         db.engine.dispose(close=False)
+
+
+def child_exit(server, worker):
+    """O1: a dead worker's live gauges stop counting; its counters stay in the sums."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
 
 
 def _spawn_scheduler() -> int:
@@ -83,7 +99,8 @@ def when_ready(server):
 
 
 def on_exit(server):
-    """Stop the scheduler with the master."""
+    """Stop the scheduler with the master, and remove the metrics files."""
+    shutil.rmtree(metrics_dir, ignore_errors=True)
     stopping = getattr(server, "modelforge_stopping", None)
     if stopping is not None:
         stopping.set()

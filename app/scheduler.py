@@ -63,6 +63,21 @@ def claim_tick(name: str, tick: int, holder: str) -> bool:
     return claimed == 1
 
 
+def record_duration(name: str, seconds: float) -> None:
+    """O1: how long this run of `name` took, for GET /metrics, whichever process ran it."""
+    db.session.execute(
+        _ticks.update()
+        .where(_ticks.c.name == name)
+        .values(
+            last_duration_seconds=seconds,
+            last_finished_at=utcnow(),
+            duration_seconds_total=_ticks.c.duration_seconds_total + seconds,
+            completed_runs=_ticks.c.completed_runs + 1,
+        )
+    )
+    db.session.commit()
+
+
 def sweeps(settings: Settings) -> dict[str, tuple[int, Callable[[], dict[str, int]]]]:
     """Each sweep's name, interval and work."""
     return {
@@ -81,7 +96,9 @@ def run_if_due(app: Flask, name: str, interval: int, work: Callable[[], dict[str
         try:
             if not claim_tick(name, tick, holder):
                 return False
+            started = time.perf_counter()
             result = work()
+            record_duration(name, time.perf_counter() - started)
         except SQLAlchemyError as error:
             db.session.rollback()
             log.warning("sweep %s tick %d failed: %s", name, tick, type(error).__name__)

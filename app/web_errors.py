@@ -16,6 +16,7 @@ from app.api.errors import ApiError, error_response
 from app.console import render_error
 from app.errors import DomainError
 from app.extensions import db
+from app.metrics import PATH as METRICS_PATH
 
 # P5: the HTTP status of each domain refusal; any other code is a 400.
 STATUS_BY_CODE = {
@@ -68,7 +69,7 @@ RETRY_AFTER_SECONDS = "2"
 
 def is_api_request() -> bool:
     """Whether this request is the API's (JSON errors) rather than the console's (HTML errors)."""
-    return request.path.startswith("/api/") or request.path == "/healthz"
+    return request.path.startswith("/api/") or request.path in ("/healthz", METRICS_PATH)
 
 
 def on_api_error(error: ApiError):

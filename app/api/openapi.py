@@ -520,6 +520,21 @@ def _paths() -> dict:
                 },
             }
         },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (O1): fleet, GPU, job, sweep and HTTP series",
+                "description": "The Prometheus text format. Never anonymous: the operator key (in its "
+                "header or as a bearer token) or MODELFORGE_METRICS_TOKEN as a bearer token.",
+                "security": [{"adminToken": []}, {"metricsToken": []}],
+                "responses": {
+                    "200": {
+                        "description": "The text exposition format 0.0.4",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(401),
+                },
+            }
+        },
         "/api/v1/openapi.json": {
             "get": {
                 "summary": "This document",
@@ -1101,6 +1116,7 @@ def document() -> dict:
             "securitySchemes": {
                 "adminToken": {"type": "apiKey", "in": "header", "name": "X-ModelForge-Admin-Token"},
                 "nodeCredential": {"type": "http", "scheme": "bearer"},
+                "metricsToken": {"type": "http", "scheme": "bearer", "description": "MODELFORGE_METRICS_TOKEN"},
             },
         },
     }

@@ -21,3 +21,10 @@ class SweepTick(db.Model):
     holder: Mapped[str | None] = mapped_column(sa.String(200))
     claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     runs: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    # O1: how long the sweep took, measured by the scheduler that ran it, for GET /metrics.
+    # In the database, not in one process's memory, because sweeps run in their own process
+    # and on whichever replica claimed the tick.
+    last_duration_seconds: Mapped[float | None] = mapped_column(sa.Float)
+    last_finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    duration_seconds_total: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
+    completed_runs: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")

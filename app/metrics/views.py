@@ -1,0 +1,83 @@
+"""GET /metrics: the operator key or MODELFORGE_METRICS_TOKEN, never anonymous (O1, P2)."""
+
+from __future__ import annotations
+
+import os
+
+from flask import Blueprint, Response, request
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from app import tokens
+from app.api.auth import ADMIN_HEADER
+from app.api.errors import error_response
+from app.config import current_settings
+from app.db import begin_read_only
+from app.extensions import db
+from app.metrics import PATH, http
+from app.metrics.collect import DatabaseCollector
+from app.timeutil import utcnow
+
+bp = Blueprint("metrics", __name__)
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+NEXT_STEP = (
+    "Send `Authorization: Bearer <MODELFORGE_METRICS_TOKEN>` (Prometheus: authorization.credentials_file) "
+    f"or the operator API key as a bearer token or in {ADMIN_HEADER}."
+)
+
+
+def _presented() -> str | None:
+    """The secret the scraper sent: a bearer token, else the admin header."""
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and secret.strip():
+        return secret.strip()
+    return request.headers.get(ADMIN_HEADER) or None
+
+
+def _refusal() -> Response | None:
+    """None when the request may read the metrics, else the 401 to answer."""
+    presented = _presented()
+    if presented is None:
+        refusal = error_response(401, "METRICS_TOKEN_REQUIRED", "GET /metrics needs a token.", NEXT_STEP)
+    else:
+        settings = current_settings()
+        # Both comparisons always run, in constant time, so timing tells nothing about which failed.
+        accepted = [tokens.same_secret(settings.operator_api_key, presented)]
+        if settings.metrics_token is not None:
+            accepted.append(tokens.same_secret(settings.metrics_token, presented))
+        if any(accepted):
+            return None
+        refusal = error_response(
+            401, "METRICS_TOKEN_INVALID", "The token sent is neither the metrics token nor the operator key.", NEXT_STEP
+        )
+    refusal.headers["WWW-Authenticate"] = "Bearer"
+    return refusal
+
+
+def registry() -> CollectorRegistry:
+    """This scrape's collectors: the fleet from the database, and the HTTP series of every worker."""
+    scrape = CollectorRegistry(auto_describe=False)
+    scrape.register(DatabaseCollector(current_settings(), utcnow()))
+    if os.environ.get(MULTIPROCESS_DIR_ENV):
+        multiprocess.MultiProcessCollector(scrape)  # sums every worker's files, the dead ones' included
+    else:  # flask run, the tests: one process, its own counters
+        scrape.register(http.REQUESTS)
+        scrape.register(http.LATENCY)
+    return scrape
+
+
+@bp.get(PATH)
+def metrics():
+    """The Prometheus text exposition of every series, read now."""
+    refusal = _refusal()
+    if refusal is not None:
+        return refusal
+    begin_read_only()
+    try:
+        body = generate_latest(registry())
+    finally:
+        db.session.rollback()
+    # The classic text format (0.0.4), which every Prometheus since 2.0 reads.
+    response = Response(body, content_type=CONTENT_TYPE_PLAIN_0_0_4)
+    response.headers["Cache-Control"] = "no-store"
+    return response
