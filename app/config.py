@@ -53,6 +53,9 @@ class Settings:
     # O1: a second secret that reads GET /metrics only (Prometheus's bearer token); None: only the
     # operator key reads it. Kept out of repr so no log of the settings carries it (P2).
     metrics_token: str | None = field(default=None, repr=False)
+    # O2: apprise URLs that alerts go to (they carry the services' secrets: kept out of repr, shown
+    # masked, read by app.alerts.targets only).
+    alert_urls: tuple[str, ...] = field(default=(), repr=False)
 
     def as_flask_config(self) -> dict[str, object]:
         """The Flask config keys these settings fill in."""
@@ -173,6 +176,37 @@ def _metrics_token(env: Mapping[str, str]) -> str | None:
     return token
 
 
+def _alert_urls(env: Mapping[str, str]) -> tuple[str, ...]:
+    """O2: MODELFORGE_ALERT_URLS, or the file MODELFORGE_ALERT_URLS_FILE names; each URL one apprise reads.
+
+    No refusal quotes a URL, since each carries its service's secret: entries are named by
+    position and scheme.
+    """
+    inline, file_name = "MODELFORGE_ALERT_URLS", "MODELFORGE_ALERT_URLS_FILE"
+    text, path = env.get(inline, "").strip(), env.get(file_name, "").strip()
+    if text and path:
+        raise ConfigError(f"set {inline} or {file_name}, not both")
+    source = inline
+    if path:
+        source = f"{file_name} ({path})"
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"{file_name}: cannot read {path}: {type(error).__name__}") from None
+        text = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    if not text:
+        return ()
+    from app.alerts import targets  # apprise is imported only when alerts are configured
+
+    urls = targets.split_urls(text)
+    for number, scheme in targets.unreadable(urls):
+        raise ConfigError(
+            f"{source}: entry {number} of {len(urls)} ({scheme}) is not a URL apprise can send to; "
+            "see https://github.com/caronc/apprise/wiki for each service's URL"
+        )
+    return tuple(urls)
+
+
 def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
     """Parse and validate every MODELFORGE_* setting, or raise ConfigError naming the variable."""
     instance_path = Path(env.get("MODELFORGE_INSTANCE_PATH") or instance_path)
@@ -253,4 +287,5 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         run_scheduler=_bool(env, "MODELFORGE_SCHEDULER", True),
         node_rate_limit=_bool(env, "MODELFORGE_NODE_RATE_LIMIT", True),
         metrics_token=_metrics_token(env),
+        alert_urls=_alert_urls(env),
     )

@@ -32,6 +32,7 @@ from flask import Flask
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import enrollment, liveness, retention
+from app.alerts import sweep as alerts
 from app.config import Settings, current_settings
 from app.db import insert_ignoring_duplicates
 from app.extensions import db
@@ -86,6 +87,8 @@ def sweeps(settings: Settings) -> dict[str, tuple[int, Callable[[], dict[str, in
         "telemetry-retention": (RETENTION_INTERVAL_SECONDS, lambda: retention.sweep(settings)),
         # J2: a job whose agent went silent is requeued within one tick after its lease.
         "job-leases": (settings.sweep_interval_seconds, queue.sweep_expired_leases),
+        # O2: alerts follow the audit trail within a tick; each delivery is claimed once.
+        "alerts": (settings.sweep_interval_seconds, lambda: alerts.sweep(settings)),
     }
 
 

@@ -1,6 +1,7 @@
 """SQLAlchemy models, one module per concept."""
 
 from app.models.acceptance import AcceptanceEvidence, AcceptanceScreenshot
+from app.models.alerts import AlertCursor, AlertDelivery, AlertDeliveryState
 from app.models.audit import AuditEvent
 from app.models.credential import Credential
 from app.models.enrollment import Enrollment, EnrollmentState
@@ -14,6 +15,9 @@ from app.models.telemetry import TelemetryRollup, TelemetrySample
 __all__ = [
     "AcceptanceEvidence",
     "AcceptanceScreenshot",
+    "AlertCursor",
+    "AlertDelivery",
+    "AlertDeliveryState",
     "Artifact",
     "AuditEvent",
     "Credential",

@@ -1,0 +1,38 @@
+"""The alert sweep (O2): queue new alerting audit events, then send what is due.
+
+It runs in the scheduler process (app.scheduler), every sweep interval, each tick claimed by
+one scheduler; the deliveries' own unique key and claims keep it exactly once even when two
+ticks overlap (a slow target) on two replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from app.alerts import deliveries, sender
+from app.alerts.targets import targets_for
+from app.config import Settings
+from app.models import AlertDeliveryState
+
+log = logging.getLogger("modelforge.alerts")
+
+
+def sweep(settings: Settings) -> dict[str, int]:
+    """Queue and send; counts of what was queued, sent, left to retry and given up."""
+    targets = targets_for(settings.alert_urls, settings.secret_key)
+    counts = {"queued": deliveries.enqueue_new(targets), "sent": 0, "retrying": 0, "failed": 0}
+    for claimed in deliveries.claim_due(targets):
+        if claimed.target is None:
+            error = "this target is no longer configured"
+        elif claimed.alert is None:
+            error = "the audit event behind this alert no longer exists"
+        else:
+            error = sender.send(claimed.target, claimed.alert)
+        state = deliveries.record_result(claimed, error)
+        if state == AlertDeliveryState.SENT:
+            counts["sent"] += 1
+            continue
+        counts["failed" if state == AlertDeliveryState.FAILED else "retrying"] += 1
+        label = claimed.target.label if claimed.target else "a removed target"
+        log.warning("alert %d to %s not delivered (attempt %d): %s", claimed.id, label, claimed.attempts, error)
+    return counts

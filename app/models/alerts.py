@@ -1,0 +1,60 @@
+"""Alert deliveries (O2): one row per (audit event, target), claimed by the one process that sends it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.extensions import db
+from app.timeutil import UTCDateTime, utcnow
+
+
+class AlertDeliveryState:
+    """Where a delivery stands: waiting (first try or a retry), done, or given up."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"
+
+
+class AlertDelivery(db.Model):
+    """One notification of one audited transition to one target.
+
+    The unique (audit event, target) pair is what makes a transition alert once however many
+    schedulers enqueue it; the conditional claim on `next_attempt_at` is what makes one process
+    send it. The target is kept as a keyed digest of its URL and its masked label, never the URL.
+    """
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (
+        sa.UniqueConstraint("audit_event_id", "target_key", name="uq_alert_deliveries_event_target"),
+        sa.Index("ix_alert_deliveries_state_next_attempt", "state", "next_attempt_at"),
+        sa.Index("ix_alert_deliveries_target_attempted", "target_key", "last_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    # No foreign key, like the trail itself: a delivery outlives nothing it describes.
+    audit_event_id: Mapped[int] = mapped_column(sa.BigInteger)
+    action: Mapped[str] = mapped_column(sa.String(64))
+    target_key: Mapped[str] = mapped_column(sa.String(64))
+    target_label: Mapped[str] = mapped_column(sa.String(300))
+    state: Mapped[str] = mapped_column(sa.String(16), default=AlertDeliveryState.PENDING)
+    attempts: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(sa.String(500))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    sent_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class AlertCursor(db.Model):
+    """The newest audit event the alert sweep has looked at (one row, name "audit")."""
+
+    __tablename__ = "alert_cursor"
+
+    name: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
+    last_audit_event_id: Mapped[int] = mapped_column(sa.BigInteger, default=0)
