@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -15,6 +16,8 @@ from app.models import Credential, Enrollment, EnrollmentState, Node, NodeLease
 from app.timeutil import utcnow
 
 MIN_EXPIRY_SECONDS = 60
+# Why a credential was revoked when a retried claim replaced it (credentials.revoked_reason).
+REISSUED = "reissued"
 MAX_EXPIRY_SECONDS = 86_400
 
 
@@ -53,6 +56,7 @@ class ClaimResult:
     node: Node
     enrollment: Enrollment
     credential_secret: str
+    reissued: bool = False  # a retried claim whose first reply was lost
 
 
 def create(request: EnrollmentRequest, actor: str = audit.OPERATOR) -> tuple[Enrollment, str]:
@@ -232,6 +236,9 @@ def claim(request: Claim) -> ClaimResult:
         .execution_options(synchronize_session=False)
     ).rowcount
     if won != 1:
+        reissued = _reissue(request, token_hash, now)
+        if reissued is not None:
+            return reissued
         refusal = _refusal(token_hash, request.origin, now)
         db.session.rollback()
         raise refusal
@@ -263,6 +270,7 @@ def claim(request: Claim) -> ClaimResult:
         token_hash=issued.digest,
         prefix=issued.visible_prefix,
         created_at=now,
+        enrollment_id=enrollment.id,
     )
     try:
         db.session.flush()  # the node row first: the credential's foreign key needs it
@@ -297,3 +305,77 @@ def claim(request: Claim) -> ClaimResult:
         db.session.rollback()
         raise _already_enrolled(request.node_id) from None
     return ClaimResult(node=node, enrollment=enrollment, credential_secret=issued.secret)
+
+
+def _reissue(request: Claim, token_hash: str, now: datetime) -> ClaimResult | None:
+    """A claim retried after its reply was lost: the same token, the same node ID, the token
+    still within its lifetime, and the credential that claim issued never presented. Revoke that
+    credential and issue a fresh one; None (refused as before) in every other case.
+
+    The credential's conditional UPDATE decides, as the token's does for a first claim: of two
+    retries at once only one revokes the unused credential (on PostgreSQL the other waits on the
+    row, re-checks it and matches nothing; SQLite runs them one after the other, so the second
+    replaces the first's still-unused credential). The first authenticated call sets
+    first_used_at under the same row lock (app.publishing.authenticate), so a retry after the
+    credential was used matches nothing either. Revoke first, then insert, in one transaction:
+    the one-active-credential index holds throughout.
+    """
+    enrollment = db.session.scalar(sa.select(Enrollment).where(Enrollment.token_hash == token_hash))
+    if (
+        enrollment is None
+        or not tokens.same_digest(enrollment.token_hash, request.token)
+        or enrollment.state != EnrollmentState.CONSUMED
+        or enrollment.expires_at <= now
+        or enrollment.api_origin != request.origin
+        or enrollment.node_id is None
+        or not hmac.compare_digest(enrollment.node_id.encode(), request.node_id.encode())
+    ):
+        return None
+    revoked = db.session.execute(
+        sa.update(Credential)
+        .where(
+            Credential.node_id == request.node_id,
+            Credential.enrollment_id == enrollment.id,
+            Credential.revoked_at.is_(None),
+            Credential.first_used_at.is_(None),
+        )
+        .values(revoked_at=now, revoked_reason=REISSUED)
+        .returning(Credential.id, Credential.prefix)
+        .execution_options(synchronize_session=False)
+    ).one_or_none()
+    if revoked is None:
+        return None
+    issued = tokens.issue(tokens.NODE_CREDENTIAL_PREFIX)
+    credential = Credential(
+        node_id=request.node_id,
+        token_hash=issued.digest,
+        prefix=issued.visible_prefix,
+        created_at=now,
+        enrollment_id=enrollment.id,
+    )
+    try:
+        db.session.add(credential)
+        db.session.flush()
+    except IntegrityError:
+        db.session.rollback()
+        raise _already_enrolled(request.node_id) from None
+    node = db.session.get(Node, request.node_id)
+    lease = db.session.get(NodeLease, request.node_id)
+    if lease is not None:
+        lease.agent_version = request.agent_version
+        lease.protocol_version = request.protocol_version
+        lease.compatibility = request.compatibility
+        lease.last_seen_at = now
+    audit.record(
+        audit.agent_actor(request.node_id),
+        "credential.reissued",
+        request.node_id,
+        enrollment_id=enrollment.id,
+        reason="the enrol reply was lost; the issued credential was never used",
+        revoked_credential_id=revoked.id,
+        revoked_credential_prefix=revoked.prefix,
+        credential_id=credential.id,
+        credential_prefix=credential.prefix,
+    )
+    db.session.commit()
+    return ClaimResult(node=node, enrollment=enrollment, credential_secret=issued.secret, reissued=True)

@@ -46,9 +46,28 @@ _credentials = Credential.__table__
 _nodes = Node.__table__
 _leases = NodeLease.__table__
 _AUTHENTICATE = (
-    sa.select(_credentials.c.token_hash, _credentials.c.revoked_at, _nodes.c.id, _nodes.c.disabled)
+    sa.select(
+        _credentials.c.id.label("credential_id"),
+        _credentials.c.token_hash,
+        _credentials.c.revoked_at,
+        _credentials.c.first_used_at,
+        _nodes.c.id,
+        _nodes.c.disabled,
+    )
     .select_from(_credentials.join(_nodes, _nodes.c.id == _credentials.c.node_id))
     .where(_credentials.c.token_hash == sa.bindparam("digest"))
+)
+# A credential's first use, once in its life: after it, a retried enrol claim can no longer
+# replace this credential (app.enrollment._reissue revokes only one whose first_used_at is NULL,
+# with a conditional UPDATE on the same row, so of the two exactly one wins).
+_MARK_FIRST_USE = (
+    _credentials.update()
+    .where(
+        _credentials.c.id == sa.bindparam("credential_id"),
+        _credentials.c.first_used_at.is_(None),
+        _credentials.c.revoked_at.is_(None),
+    )
+    .values(first_used_at=sa.bindparam("now"))
 )
 _VERSION_COLUMNS = ("agent_version", "protocol_version", "compatibility", "last_seen_at")
 _NOTE_VERSIONS = (
@@ -167,6 +186,8 @@ def authenticate(secret: str) -> Publisher:
             "The node credential is not known to this control plane.",
             "Check /data/state/node-credential on the node, or re-enrol it with a new token.",
         )
+    if row.revoked_at is None and row.first_used_at is None:
+        row = _mark_first_use(row, secret)
     if row.revoked_at is not None:
         raise DomainError(
             "CREDENTIAL_REVOKED",
@@ -180,6 +201,21 @@ def authenticate(secret: str) -> Publisher:
             "An operator can enable it in the console or with POST /api/v1/admin/nodes/{id}/enable.",
         )
     return Publisher(node_id=row.id)
+
+
+def _mark_first_use(row: sa.Row, secret: str) -> sa.Row:
+    """Record a credential's first use and commit it at once, whatever the request then does.
+
+    Only a credential never used before gets here, so the heartbeat hot path writes nothing
+    extra. Zero rows means a retried enrol claim revoked it meanwhile (or a concurrent first
+    call marked it): read it again so the caller sees which.
+    """
+    connection = db.session.connection()
+    marked = connection.execute(_MARK_FIRST_USE, {"credential_id": row.credential_id, "now": utcnow()}).rowcount
+    if not marked:
+        row = connection.execute(_AUTHENTICATE, {"digest": tokens.digest(secret)}).one()
+    db.session.commit()
+    return row
 
 
 @dataclass

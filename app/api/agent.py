@@ -114,7 +114,8 @@ def enroll():
             compatibility=versions.compatibility,
         )
     )
-    current_app.logger.info("node %s enrolled (enrolment %s)", body.node_id, result.enrollment.id)
+    what = "re-issued its never-used credential (a lost reply's retry)" if result.reissued else "enrolled"
+    current_app.logger.info("node %s %s (enrolment %s)", body.node_id, what, result.enrollment.id)
     return _reply(
         answer,
         201,

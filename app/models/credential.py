@@ -1,4 +1,8 @@
-"""Node credentials (I2, I5): stored as SHA-256, at most one active per node."""
+"""Node credentials (I2, I5): stored as SHA-256, at most one active per node.
+
+A credential an enrolment issued remembers that enrolment, and the moment it was first presented:
+a lost enrol reply may be retried for a fresh one only while it was never used (E2, issue 14).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +37,10 @@ class Credential(db.Model):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_reason: Mapped[str | None] = mapped_column(sa.String(32))
+    # The enrolment whose claim issued it; None for a rotated credential (I5), never reissued.
+    enrollment_id: Mapped[str | None] = mapped_column(sa.ForeignKey("enrollments.id", ondelete="SET NULL"))
+    # Set once, by the first authenticated agent call (app.publishing.authenticate), never again.
+    first_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     @property
     def active(self) -> bool:
