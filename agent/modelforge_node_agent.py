@@ -3018,7 +3018,13 @@ class Agent:
         return wire_versions()
 
     def enroll(self, node_id: str) -> None:
-        """Claim the token once, or exit 4 naming the reason (E2, E3, I2); no token is a ConfigError."""
+        """Claim the token once, or exit 4 naming the reason (E2, E3, I2); no token is a ConfigError.
+
+        A timeout, a dropped connection or a 5xx is retried with the A4 backoff, with the same
+        body: the same node ID and token. If the control plane committed a claim whose reply was
+        lost, it answers that retry with a fresh credential (the lost one was never used, so it
+        revokes it); once the token expires the retry is refused and the agent exits 4.
+        """
         token = self.config.enrollment_token
         if not token:
             raise ConfigError(
@@ -3039,6 +3045,7 @@ class Agent:
                 reply = self.client.post("/api/v1/agent/enroll", body)
                 break
             except PublishError as error:
+                # A 4xx is a refusal (also after a retry); no status at all means no reply came.
                 if error.status is not None and error.status < 500:
                     details = as_dict(error.reply.get("error"))
                     message, next_step = str(details.get("message", "")), str(details.get("next_step", ""))

@@ -285,6 +285,15 @@ def test_a_transition_queued_by_two_schedulers_at_once_is_one_delivery(alert_app
         assert deliveries.claim_due(targets(alert_app)) == []  # claimed: the other scheduler gets nothing
 
 
+def test_a_replica_that_lacks_a_target_leaves_its_deliveries_to_the_replicas_that_have_it(alert_app, receiver):
+    record(alert_app, "node.offline", "n-1", previous="stale")
+    other = targets_for(("json://127.0.0.1:9/elsewhere",), current_settings(alert_app).secret_key)
+    with alert_app.app_context():
+        assert deliveries.enqueue_new(targets(alert_app)) == 1
+        assert deliveries.claim_due(other) == [] and deliveries.claim_due(()) == []
+    assert sweep(alert_app)["sent"] == 1 and receiver.titles() == ["Node offline: node n-1"]
+
+
 def test_history_from_before_alerts_ran_is_not_sent(alert_app, receiver):
     with alert_app.app_context():
         db.session.add(AuditEvent(at=utcnow() - timedelta(hours=2), actor="system", action="node.offline"))

@@ -133,7 +133,7 @@ class Claimed:
     id: int
     attempts: int
     created_at: datetime
-    target: Target | None
+    target: Target
     alert: messages.Alert | None
 
 
@@ -169,9 +169,17 @@ def claim_due(targets: Iterable[Target], now: datetime | None = None, limit: int
     """Claim up to `limit` due deliveries; each is this process's alone to send. Commits."""
     now = now or utcnow()
     by_key = {target.key: target for target in targets}
+    if not by_key:
+        return []
+    # Only targets this process knows: a replica configured with fewer URLs (mid-change) leaves
+    # the others' deliveries to the replicas that hold their URLs.
     due = db.session.scalars(
         sa.select(AlertDelivery.id)
-        .where(AlertDelivery.state == AlertDeliveryState.PENDING, AlertDelivery.next_attempt_at <= now)
+        .where(
+            AlertDelivery.state == AlertDeliveryState.PENDING,
+            AlertDelivery.next_attempt_at <= now,
+            AlertDelivery.target_key.in_(by_key),
+        )
         .order_by(AlertDelivery.next_attempt_at, AlertDelivery.id)
         .limit(limit)
     ).all()
@@ -186,7 +194,7 @@ def claim_due(targets: Iterable[Target], now: datetime | None = None, limit: int
                 id=delivery.id,
                 attempts=delivery.attempts,
                 created_at=delivery.created_at,
-                target=by_key.get(delivery.target_key),
+                target=by_key[delivery.target_key],
                 alert=_alert_for(event),
             )
         )
@@ -203,7 +211,7 @@ def record_result(claimed: Claimed, error: str | None, now: datetime | None = No
     now = now or utcnow()
     if error is None:
         values = {"state": AlertDeliveryState.SENT, "sent_at": now, "last_error": None}
-    elif now - claimed.created_at >= GIVE_UP_AFTER or claimed.target is None or claimed.alert is None:
+    elif now - claimed.created_at >= GIVE_UP_AFTER or claimed.alert is None:
         values = {"state": AlertDeliveryState.FAILED, "last_error": error[:500]}
     else:
         retry_at = now + timedelta(seconds=backoff_seconds(claimed.attempts))

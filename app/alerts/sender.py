@@ -49,7 +49,10 @@ def send(target: Target, alert: Alert) -> str | None:
     # Apprise's log lines are the only account of why a service refused; they are captured here
     # (its logger does not propagate: app.alerts.targets) and scrubbed of the URL's parts.
     with apprise.LogCapture(level=logging.WARNING, fmt="%(message)s") as captured:
-        delivered = notifier.notify(body=alert.body, title=alert.title, notify_type=alert.kind)
+        try:
+            delivered = notifier.notify(body=alert.body, title=alert.title, notify_type=alert.kind)
+        except Exception as error:  # a plugin's own bug: reported by type only, its text may quote the URL
+            return f"apprise raised {type(error).__name__}"
     if delivered:
         return None
     reason = scrub(" ".join(captured.getvalue().splitlines()), target.url)

@@ -22,9 +22,7 @@ def sweep(settings: Settings) -> dict[str, int]:
     targets = targets_for(settings.alert_urls, settings.secret_key)
     counts = {"queued": deliveries.enqueue_new(targets), "sent": 0, "retrying": 0, "failed": 0}
     for claimed in deliveries.claim_due(targets):
-        if claimed.target is None:
-            error = "this target is no longer configured"
-        elif claimed.alert is None:
+        if claimed.alert is None:
             error = "the audit event behind this alert no longer exists"
         else:
             error = sender.send(claimed.target, claimed.alert)
@@ -33,6 +31,7 @@ def sweep(settings: Settings) -> dict[str, int]:
             counts["sent"] += 1
             continue
         counts["failed" if state == AlertDeliveryState.FAILED else "retrying"] += 1
-        label = claimed.target.label if claimed.target else "a removed target"
-        log.warning("alert %d to %s not delivered (attempt %d): %s", claimed.id, label, claimed.attempts, error)
+        log.warning(
+            "alert %d to %s not delivered (attempt %d): %s", claimed.id, claimed.target.label, claimed.attempts, error
+        )
     return counts
