@@ -3,8 +3,12 @@
 Why on scrape, not kept in process memory: nodes, samples, jobs and sweeps are already rows,
 written by whichever worker, replica or scheduler process handled them; reading them back at
 scrape time is the one answer every worker and replica agrees on, and a stopped agent keeps
-ageing with no process having to notice. bench/metrics.py measures the scrape at 1,000 nodes x
-8 GPUs.
+ageing with no process having to notice.
+
+Why rendered here rather than through prometheus_client's collector objects: at 1,000 nodes x
+8 GPUs the fleet is ~40,000 samples, and the client escapes and joins each sample's labels anew
+(0.48 s of a 0.75 s scrape, bench/metrics.py). Here each node's and GPU's label set is escaped
+once, by the same rules (backslash, quote, newline), and shared by its five GPU families.
 
 P3: a value is shown only when it was measured. A GPU whose newest sample is older than the
 freshness window (MODELFORGE_NODE_STALE_AFTER_SECONDS, the same window after which the console's
@@ -16,11 +20,10 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections import Counter
-from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 
 from app import liveness
 from app.config import Settings
@@ -30,142 +33,176 @@ from app.nodes import printable
 
 STATUSES = (liveness.ONLINE, liveness.STALE, liveness.OFFLINE, liveness.PENDING)
 MAX_LABEL_LENGTH = 200
-NODE_LABELS = ["node_id", "node_name"]
-GPU_LABELS = ["node_id", "node_name", "gpu_uuid", "gpu_name"]
-# (family, help, sample column or None for the inventory's total memory, scale to the unit)
+# (family, help, column)
 GPU_FAMILIES = (
-    ("modelforge_gpu_utilization_percent", "GPU utilisation, newest fresh sample.", "utilization_gpu_percent"),
-    ("modelforge_gpu_memory_used_bytes", "GPU memory in use, newest fresh sample.", "memory_used_bytes"),
-    ("modelforge_gpu_memory_total_bytes", "GPU memory, as the inventory reports it.", None),
-    ("modelforge_gpu_temperature_celsius", "GPU temperature, newest fresh sample.", "temperature_c"),
-    ("modelforge_gpu_power_watts", "GPU power draw, newest fresh sample.", "power_w"),
+    (
+        "modelforge_gpu_utilization_percent",
+        "GPU utilisation, newest fresh sample.",
+        TelemetrySample.utilization_gpu_percent,
+    ),
+    ("modelforge_gpu_memory_used_bytes", "GPU memory in use, newest fresh sample.", TelemetrySample.memory_used_bytes),
+    (
+        "modelforge_gpu_memory_total_bytes",
+        "GPU memory per its inventory (GPUs with a fresh sample).",
+        Gpu.memory_total_bytes,
+    ),
+    ("modelforge_gpu_temperature_celsius", "GPU temperature, newest fresh sample.", TelemetrySample.temperature_c),
+    ("modelforge_gpu_power_watts", "GPU power draw, newest fresh sample.", TelemetrySample.power_w),
 )
 
 
 def label(value: object) -> str:
     """A label value that cannot break the exposition: encodable, no control characters, bounded.
 
-    prometheus_client escapes backslash, quote and newline itself; what it cannot do is encode a
-    lone surrogate (an old row may hold one) or keep a 4,000-character name readable.
+    An old row may hold a lone surrogate (not encodable), a newline or a bidi control in a node's
+    name, or 4,000 characters of it.
     """
-    text = printable("" if value is None else str(value))
-    text = "".join("\ufffd" if unicodedata.category(character) == "Cc" else character for character in text)
-    return text[:MAX_LABEL_LENGTH]
+    text = printable("" if value is None else str(value))[:MAX_LABEL_LENGTH]
+    if text.isprintable():  # the common case, checked in C: no control character at all
+        return text
+    return "".join("\ufffd" if unicodedata.category(character) == "Cc" else character for character in text)
 
 
-def _number(value: object) -> float | None:
-    """A stored measurement as a float, or None when there is none to show (P3)."""
+def _escaped(value: object) -> str:
+    """label(value) escaped as the text format requires: backslash, newline, double quote."""
+    return label(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def labels(**pairs: object) -> str:
+    """`{name="value",…}`, each value a label(), escaped."""
+    return "{" + ",".join(f'{name}="{_escaped(value)}"' for name, value in pairs.items()) + "}"
+
+
+def number_text(value: object) -> str | None:
+    """A stored number as the text format writes it, or None when there is none to show (P3).
+
+    Whole numbers as they are, floats as Python's shortest round-trip repr (which Prometheus
+    parses); None, infinities and NaN are not measurements.
+    """
+    if type(value) is float:  # the hot path: ~40,000 samples a scrape at 8,000 GPUs
+        return repr(value) if math.isfinite(value) else None
     if value is None:
         return None
+    if isinstance(value, int):
+        return str(int(value))  # a bool as 0 or 1
     number = float(value)
-    return number if math.isfinite(number) else None
+    return repr(number) if math.isfinite(number) else None
 
 
-class DatabaseCollector:
-    """A prometheus_client collector that reads the fleet's state in the current app context."""
+@dataclass
+class Family:
+    """One metric family in the text format: its HELP, TYPE and sample lines."""
 
-    def __init__(self, settings: Settings, now: datetime) -> None:
-        self.settings = settings
-        self.now = now
+    name: str
+    kind: str
+    help: str
+    lines: list[str] = field(default_factory=list)
 
-    def collect(self) -> Iterator[Metric]:
-        """Every fleet family, read now."""
-        names = yield from self._nodes()
-        yield from self._gpus(names)
-        yield from self._jobs()
-        yield from self._sweeps()
+    def add(self, label_text: str, value: object, suffix: str = "") -> None:
+        """One sample, unless `value` is none (P3): `label_text` from labels() ("" for none), `suffix` like _sum."""
+        text = number_text(value)
+        if text is not None:
+            self.lines.append(f"{self.name}{suffix}{label_text} {text}\n")
 
-    def _nodes(self) -> Iterator[Metric]:
-        by_status = GaugeMetricFamily("modelforge_nodes", "Nodes by liveness status (L1).", labels=["status"])
-        disabled = GaugeMetricFamily("modelforge_nodes_disabled", "Nodes the operator disabled.")
-        status = GaugeMetricFamily(
-            "modelforge_node_status",
-            "1 for each node, labelled with its liveness status.",
-            labels=[*NODE_LABELS, "status"],
-        )
-        age = GaugeMetricFamily(
-            "modelforge_node_heartbeat_age_seconds",
-            "Seconds since the node's last heartbeat; none before its first.",
-            labels=NODE_LABELS,
-        )
-        rows = db.session.execute(
-            sa.select(Node.id, Node.display_name, Node.disabled, NodeLease.last_heartbeat_at).outerjoin(
-                NodeLease, NodeLease.node_id == Node.id
-            )
-        )
-        counts: Counter[str] = Counter()
-        disabled_count = 0
-        names: dict[str, str] = {}
-        for node_id, display_name, is_disabled, last_heartbeat_at in rows:
-            name = names[node_id] = label(display_name)
-            node_status, heartbeat_age = liveness.status_of(last_heartbeat_at, self.now, self.settings)
-            counts[node_status] += 1
-            disabled_count += bool(is_disabled)
-            status.add_metric([node_id, name, node_status], 1)
-            if heartbeat_age is not None:
-                age.add_metric([node_id, name], heartbeat_age)
-        for value in STATUSES:
-            by_status.add_metric([value], counts[value])
-        disabled.add_metric([], disabled_count)
-        yield from (by_status, disabled, status, age)
-        return names
+    def text(self) -> str:
+        """The family as the exposition shows it."""
+        return f"# HELP {self.name} {self.help}\n# TYPE {self.name} {self.kind}\n" + "".join(self.lines)
 
-    def _gpus(self, names: dict[str, str]) -> Iterator[Metric]:
-        cutoff = self.now - timedelta(seconds=self.settings.node_stale_after_seconds)
-        # The newest fresh sample of each GPU: one probe of the (gpu_id, sampled_at) key per GPU.
-        newest = (
-            sa.select(sa.func.max(TelemetrySample.sampled_at))
-            .where(TelemetrySample.gpu_id == Gpu.id, TelemetrySample.sampled_at >= cutoff)
-            .correlate(Gpu)
-            .scalar_subquery()
-        )
-        rows = db.session.execute(
-            sa.select(
-                Gpu.node_id,
-                Gpu.uuid,
-                Gpu.name,
-                Gpu.memory_total_bytes,
-                *(getattr(TelemetrySample, column) for _, _, column in GPU_FAMILIES if column),
-            ).join(TelemetrySample, sa.and_(TelemetrySample.gpu_id == Gpu.id, TelemetrySample.sampled_at == newest))
-        )
-        families = [GaugeMetricFamily(name, text, labels=GPU_LABELS) for name, text, _ in GPU_FAMILIES]
-        for node_id, gpu_uuid, gpu_name, memory_total, *measured in rows:
-            labels = [node_id, names.get(node_id, ""), label(gpu_uuid), label(gpu_name)]
-            values = iter(measured)
-            for family, (_, _, column) in zip(families, GPU_FAMILIES, strict=True):
-                value = _number(next(values) if column else memory_total)
-                if value is not None:
-                    family.add_metric(labels, value)
-        yield from families
 
-    def _jobs(self) -> Iterator[Metric]:
-        jobs = GaugeMetricFamily("modelforge_jobs", "Jobs by type and state (J2).", labels=["type", "state"])
-        rows = db.session.execute(sa.select(Job.type, Job.state, sa.func.count()).group_by(Job.type, Job.state))
-        for job_type, state, count in rows:
-            jobs.add_metric([label(job_type), label(state)], count)
-        yield jobs
+def collect(settings: Settings, now: datetime) -> list[Family]:
+    """Every fleet family, read now in the current app context (a few queries, however large the fleet)."""
+    families, names = _nodes(settings, now)
+    return [*families, *_gpus(settings, now, names), _jobs(), *_sweeps()]
 
-    def _sweeps(self) -> Iterator[Metric]:
-        duration = SummaryMetricFamily(
-            "modelforge_sweep_duration_seconds",
-            "Time the periodic sweeps took (L3), across schedulers.",
-            labels=["sweep"],
+
+def render(families: list[Family]) -> str:
+    """The families in the Prometheus text format (0.0.4)."""
+    return "".join(family.text() for family in families)
+
+
+def _nodes(settings: Settings, now: datetime) -> tuple[list[Family], dict[str, str]]:
+    by_status = Family("modelforge_nodes", "gauge", "Nodes by liveness status (L1).")
+    disabled = Family("modelforge_nodes_disabled", "gauge", "Nodes the operator disabled.")
+    status = Family("modelforge_node_status", "gauge", "1 for each node, labelled with its liveness status.")
+    age = Family("modelforge_node_heartbeat_age_seconds", "gauge", "Seconds since the node's last heartbeat.")
+    rows = db.session.execute(
+        sa.select(Node.id, Node.display_name, Node.disabled, NodeLease.last_heartbeat_at).outerjoin(
+            NodeLease, NodeLease.node_id == Node.id
         )
-        last = GaugeMetricFamily(
-            "modelforge_sweep_last_duration_seconds", "How long the sweep's last run took.", labels=["sweep"]
+    )
+    counts: Counter[str] = Counter()
+    disabled_count = 0
+    node_labels: dict[str, str] = {}  # node id -> its escaped node_id and node_name pairs
+    for node_id, display_name, is_disabled, last_heartbeat_at in rows:
+        pairs = node_labels[node_id] = labels(node_id=node_id, node_name=display_name)[1:-1]
+        node_status, heartbeat_age = liveness.status_of(last_heartbeat_at, now, settings)
+        counts[node_status] += 1
+        disabled_count += bool(is_disabled)
+        status.add(f"{{{pairs},{labels(status=node_status)[1:-1]}}}", 1)
+        if heartbeat_age is not None:
+            age.add(f"{{{pairs}}}", heartbeat_age)
+    for value in STATUSES:
+        by_status.add(labels(status=value), counts[value])
+    disabled.add("", disabled_count)
+    return [by_status, disabled, status, age], node_labels
+
+
+def _gpus(settings: Settings, now: datetime, node_labels: dict[str, str]) -> list[Family]:
+    cutoff = now - timedelta(seconds=settings.node_stale_after_seconds)
+    # The newest fresh sample of each GPU: a range over the last window's samples (the sampled_at
+    # index), grouped per GPU, then one probe of the (gpu_id, sampled_at) key for each.
+    newest = (
+        sa.select(TelemetrySample.gpu_id, sa.func.max(TelemetrySample.sampled_at).label("sampled_at"))
+        .where(TelemetrySample.sampled_at >= cutoff)
+        .group_by(TelemetrySample.gpu_id)
+        .subquery()
+    )
+    rows = db.session.execute(
+        sa.select(
+            Gpu.node_id,
+            Gpu.uuid,
+            Gpu.name,
+            *(column for _, _, column in GPU_FAMILIES),
         )
-        finished = GaugeMetricFamily(
-            "modelforge_sweep_last_finished_timestamp_seconds", "When the sweep's last run ended.", labels=["sweep"]
+        .join(newest, newest.c.gpu_id == Gpu.id)
+        .join(
+            TelemetrySample,
+            sa.and_(TelemetrySample.gpu_id == newest.c.gpu_id, TelemetrySample.sampled_at == newest.c.sampled_at),
         )
-        claimed = CounterMetricFamily("modelforge_sweep_runs", "Ticks the sweep was claimed for.", labels=["sweep"])
-        for tick in db.session.scalars(sa.select(SweepTick)):
-            name = [label(tick.name)]
-            claimed.add_metric(name, tick.runs or 0)
-            duration.add_metric(
-                name, count_value=tick.completed_runs or 0, sum_value=tick.duration_seconds_total or 0.0
-            )
-            if tick.last_duration_seconds is not None:
-                last.add_metric(name, tick.last_duration_seconds)
-            if tick.last_finished_at is not None:
-                finished.add_metric(name, tick.last_finished_at.timestamp())
-        yield from (duration, last, finished, claimed)
+    )
+    families = [Family(name, "gauge", text) for name, text, _ in GPU_FAMILIES]
+    info = Family("modelforge_gpu_info", "gauge", "1 for each GPU with a fresh sample, labelled with its model name.")
+    targets = [(family.lines, family.name) for family in families]
+    for node_id, gpu_uuid, gpu_name, *values in rows:
+        gpu_labels = f'{node_labels.get(node_id, "")},gpu_uuid="{_escaped(gpu_uuid)}"'
+        info.add(f'{{{gpu_labels},gpu_name="{_escaped(gpu_name)}"}}', 1)
+        for (lines, name), value in zip(targets, values, strict=True):
+            text = number_text(value)
+            if text is not None:
+                lines.append(f"{name}{{{gpu_labels}}} {text}\n")
+    return [*families, info]
+
+
+def _jobs() -> Family:
+    jobs = Family("modelforge_jobs", "gauge", "Jobs by type and state (J2).")
+    rows = db.session.execute(sa.select(Job.type, Job.state, sa.func.count()).group_by(Job.type, Job.state))
+    for job_type, state, count in rows:
+        jobs.add(labels(type=job_type, state=state), count)
+    return jobs
+
+
+def _sweeps() -> list[Family]:
+    duration = Family("modelforge_sweep_duration_seconds", "summary", "Time the periodic sweeps took (L3).")
+    last = Family("modelforge_sweep_last_duration_seconds", "gauge", "How long the sweep's last run took.")
+    finished = Family("modelforge_sweep_last_finished_timestamp_seconds", "gauge", "When the sweep's last run ended.")
+    claimed = Family("modelforge_sweep_runs_total", "counter", "Ticks the sweep was claimed for.")
+    for tick in db.session.scalars(sa.select(SweepTick)):
+        label_text = labels(sweep=tick.name)
+        claimed.add(label_text, tick.runs or 0)
+        duration.add(label_text, tick.completed_runs or 0, "_count")
+        duration.add(label_text, tick.duration_seconds_total or 0.0, "_sum")
+        if tick.last_duration_seconds is not None:
+            last.add(label_text, tick.last_duration_seconds)
+        if tick.last_finished_at is not None:
+            finished.add(label_text, tick.last_finished_at.timestamp())
+    return [duration, last, finished, claimed]

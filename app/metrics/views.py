@@ -14,8 +14,7 @@ from app.api.errors import error_response
 from app.config import current_settings
 from app.db import begin_read_only
 from app.extensions import db
-from app.metrics import PATH, http
-from app.metrics.collect import DatabaseCollector
+from app.metrics import PATH, collect, http
 from app.timeutil import utcnow
 
 bp = Blueprint("metrics", __name__)
@@ -54,16 +53,21 @@ def _refusal() -> Response | None:
     return refusal
 
 
-def registry() -> CollectorRegistry:
-    """This scrape's collectors: the fleet from the database, and the HTTP series of every worker."""
-    scrape = CollectorRegistry(auto_describe=False)
-    scrape.register(DatabaseCollector(current_settings(), utcnow()))
+def http_registry() -> CollectorRegistry:
+    """The HTTP series of every worker (multi-process mode), or of this process alone."""
+    registry = CollectorRegistry(auto_describe=False)
     if os.environ.get(MULTIPROCESS_DIR_ENV):
-        multiprocess.MultiProcessCollector(scrape)  # sums every worker's files, the dead ones' included
+        multiprocess.MultiProcessCollector(registry)  # sums every worker's files, the dead ones' included
     else:  # flask run, the tests: one process, its own counters
-        scrape.register(http.REQUESTS)
-        scrape.register(http.LATENCY)
-    return scrape
+        registry.register(http.REQUESTS)
+        registry.register(http.LATENCY)
+    return registry
+
+
+def exposition() -> bytes:
+    """The fleet from the database, then the HTTP series, in the text format (0.0.4)."""
+    fleet = collect.render(collect.collect(current_settings(), utcnow()))
+    return fleet.encode("utf-8") + generate_latest(http_registry())
 
 
 @bp.get(PATH)
@@ -74,7 +78,7 @@ def metrics():
         return refusal
     begin_read_only()
     try:
-        body = generate_latest(registry())
+        body = exposition()
     finally:
         db.session.rollback()
     # The classic text format (0.0.4), which every Prometheus since 2.0 reads.
