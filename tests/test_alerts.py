@@ -25,6 +25,7 @@ from app.extensions import db
 from app.models import AlertDelivery, AlertDeliveryState, AuditEvent
 from app.timeutil import utcnow
 from tests import factories
+from tests import test_jobs_api as jobs_api
 from tests.support import ADMIN, OPERATOR_KEY, app_env, free_port
 from tests.test_console import HTMX, csrf_from, sign_in
 
@@ -259,6 +260,27 @@ def test_every_alerting_transition_is_sent_once_to_the_receiver(alert_app, recei
     for secret in (node["token"], credential, OPERATOR_KEY, HOOK_SECRET, credential[:10]):
         assert secret not in payloads
     assert all(row.state == AlertDeliveryState.SENT and row.attempts == 1 for row in delivery_rows(alert_app))
+
+
+def test_a_job_failed_by_its_agent_alerts_with_type_and_code_but_not_the_agents_message(alert_app, receiver):
+    client = alert_app.test_client()
+    enrolled = factories.enrolled_node(client)
+    node = {"id": enrolled["node_id"], "auth": factories.bearer(enrolled["credential"])}
+    inventory = {**factories.inventory_body(), "capabilities": [jobs_api.ACQUIRE]}
+    assert client.post("/api/v1/agent/inventory", json=inventory, headers=node["auth"]).status_code == 200
+    assert (
+        client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=node["auth"]).status_code == 200
+    )
+    job = jobs_api.add_job(client, node["id"], jobs_api.add_root(client, node["id"]).get_json()["id"])
+    jobs_api.claim(client, node)
+    error = {"code": "HUB_REPO_NOT_FOUND", "message": "owner/tiny does not exist; token mfe_" + "z" * 30}
+    failed = jobs_api.agent(client, node, f"jobs/{job['id']}/fail", attempt=1, error=error, retryable=False)
+    assert failed.status_code == 200
+    sweep(alert_app)
+    (notification,) = [n for n in receiver.notifications if n["title"].startswith("Job failed")]
+    assert notification["title"] == "Job failed on GPU Node: HUB_REPO_NOT_FOUND"
+    assert f"Job {job['id']} (artifact.acquire.v1) on GPU Node" in notification["message"]
+    assert "owner/tiny" not in notification["message"] and "mfe_" not in notification["message"]
 
 
 def test_a_transition_queued_by_two_schedulers_at_once_is_one_delivery(alert_app):
