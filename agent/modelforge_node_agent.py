@@ -29,6 +29,7 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import tempfile
 import threading
@@ -82,6 +83,11 @@ JOB_LEASE_LOST = "JOB_LEASE_LOST"
 JOB_CANCELLED = "JOB_CANCELLED"
 JOB_PARAMS_INVALID = "JOB_PARAMS_INVALID"
 JOB_TYPE_UNSUPPORTED = "JOB_TYPE_UNSUPPORTED"
+
+# V1: the GPU facts nvidia-smi prints, relayed raw beside NVML's for the control plane to compare.
+NVIDIA_SMI_ARGS = ("--query-gpu=name,uuid,driver_version,memory.total", "--format=csv,noheader")
+NVIDIA_SMI_TIMEOUT_SECONDS = 5.0
+NVIDIA_SMI_MAX_OUTPUT = 16 * 1024  # the inventory's limit (app/api/bodies.py MAX_NVIDIA_SMI_OUTPUT)
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 STALL_SECONDS = 30.0  # J2: a transfer with no byte for this long is a stall (MODELFORGE_AGENT_STALL_SECONDS)
@@ -617,6 +623,55 @@ def storage(directories: dict[str, Path]) -> dict[str, dict[str, object]]:
     return facts
 
 
+# V1: this process's start, random per run, so the control plane sees a restart as a new id and
+# compares the node ID and GPU UUIDs before and after it (the restart identity item).
+PROCESS_START = {"start_id": uuid.uuid4().hex, "started_at": rfc3339_now()}
+
+
+def run_nvidia_smi(env: dict[str, str] | None = None) -> dict[str, object]:
+    """V1: nvidia-smi's answer to NVIDIA_SMI_ARGS, raw and capped, or why there is none; never raises."""
+    path = shutil.which("nvidia-smi", path=(env if env is not None else os.environ).get("PATH"))
+    if path is None:
+        return {"output": None, "problem": "nvidia-smi is not on PATH"}
+    try:
+        done = subprocess.run(
+            [path, *NVIDIA_SMI_ARGS],
+            capture_output=True,
+            timeout=NVIDIA_SMI_TIMEOUT_SECONDS,
+            check=False,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"output": None, "problem": f"nvidia-smi did not answer within {NVIDIA_SMI_TIMEOUT_SECONDS:g} s"}
+    except OSError as error:
+        return {"output": None, "problem": short_text(f"nvidia-smi could not be run: {error.strerror or error}", 500)}
+    if done.returncode != 0:
+        said = (
+            done.stderr.decode("utf-8", "replace").strip().splitlines()
+            or done.stdout.decode("utf-8", "replace").strip().splitlines()
+            or [""]
+        )
+        problem = short_text(f"nvidia-smi exited with status {done.returncode}: {said[0]}".rstrip(": "), 500)
+        return {"output": None, "problem": problem, "exit_status": max(-256, min(done.returncode, 255))}
+    output = done.stdout[:NVIDIA_SMI_MAX_OUTPUT].decode("utf-8", "replace").replace("\x00", "")
+    return {"output": output, "problem": None, "exit_status": 0}
+
+
+class NvidiaSmi:
+    """Runs nvidia-smi at start and again only when NVML's GPUs change, not at every inventory check."""
+
+    def __init__(self) -> None:
+        self._seen: tuple | None = None
+        self._facts: dict[str, object] = {}
+
+    def facts(self, gpus: list[GpuFacts]) -> dict[str, object]:
+        """nvidia-smi's latest answer for this set of GPUs."""
+        seen = tuple((gpu.uuid, gpu.name, gpu.driver_version, gpu.memory_total_bytes) for gpu in gpus)
+        if seen != self._seen:
+            self._seen, self._facts = seen, run_nvidia_smi()
+        return self._facts
+
+
 def collect_inventory(config: Config, gpus: list[GpuFacts], root: str = "/") -> dict[str, object]:
     """N4 facts as this container really has them; unknowns are None with a reason."""
     unknown: dict[str, str] = {}
@@ -652,7 +707,7 @@ def collect_inventory(config: Config, gpus: list[GpuFacts], root: str = "/") -> 
         "gpus": [gpu.to_wire() for gpu in gpus],
         "gpu_unknown_reasons": {gpu.uuid: gpu.unknown_reasons for gpu in gpus if gpu.unknown_reasons},
         "unknown_reasons": unknown,
-        "agent": {"version": AGENT_VERSION, "python": platform.python_version()},
+        "agent": {"version": AGENT_VERSION, "python": platform.python_version(), **PROCESS_START},
     }
 
 
@@ -3006,6 +3061,7 @@ class Agent:
         self.storage_problems: dict[str, str] = {}
         self.unnamed_gpus: list[int] = []
         self.worker = RuntimeWorkerWatch(WorkerClient(config.worker_socket))
+        self.nvidia_smi = NvidiaSmi()
         self.capabilities = advertised_capabilities(self.worker.compatible)
         self.storage_roots = StorageRoots(config.data_dirs["artifacts"])
         self.jobs = JobsClient(self.client)
@@ -3169,6 +3225,7 @@ class Agent:
         self.unnamed_gpus = [gpu.index for gpu in self.gpus if gpu.uuid is None]
         self.gpus = [gpu for gpu in self.gpus if gpu.uuid is not None]
         inventory = collect_inventory(self.config, self.gpus)
+        inventory["nvidia_smi"] = self.nvidia_smi.facts(self.gpus)  # V1: compared with NVML's by the control plane
         self.storage_problems = {
             name: str(facts["unknown_reason"])
             for name, facts in inventory["storage"].items()

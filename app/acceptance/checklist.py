@@ -538,6 +538,27 @@ def after_inventory(
             ),
             actor,
         )
+    elif gpus_before and sorted(gpus_before) != sorted(gpus_after):
+        # The GPUs changed under a running agent: the identity observed before no longer holds
+        # until a restart shows the node ID and the new GPU UUIDs stay put.
+        restart_contradicted = True
+        store(
+            node.id,
+            Item(
+                RESTART_IDENTITY,
+                TITLES[RESTART_IDENTITY],
+                CONTRADICTED,
+                utcnow(),
+                "agent inventory",
+                f"The node's GPU UUIDs changed without a restart: before {', '.join(sorted(gpus_before))}, after "
+                f"{', '.join(sorted(gpus_after)) or 'none'}; restart the agent to record its identity again.",
+                {
+                    "before": {"node_id": node.id, "start_id": before_id, "gpu_uuids": sorted(gpus_before)},
+                    "after": {"node_id": node.id, "start_id": after_id, "gpu_uuids": sorted(gpus_after)},
+                },
+            ),
+            actor,
+        )
     capture_node_api_output(node.id)
     if not node.production_eligible:
         return

@@ -28,6 +28,26 @@ SERVICE = "node-agent"
 RESTART_POLICIES = ("unless-stopped", "always")
 SOCKETS = ("docker.sock", "podman.sock", "containerd.sock")
 MAX_LISTED = 64
+# The capabilities Docker and podman grant by default (podman already drops the first three): a
+# container that dropped all of these and added none runs with none.
+DEFAULT_CAPABILITIES = frozenset(
+    {
+        "AUDIT_WRITE",
+        "MKNOD",
+        "NET_RAW",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "NET_BIND_SERVICE",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    }
+)
 MAX_VALUE = 500
 
 
@@ -130,8 +150,8 @@ def project(document: dict[str, object]) -> dict[str, object]:
         "cap_add": [_short(cap) for cap in _list(host.get("CapAdd"))[:MAX_LISTED]],
         "cap_drop": [_short(cap) for cap in _list(host.get("CapDrop"))[:MAX_LISTED]],
         "effective_caps": (
-            [_short(cap) for cap in _list(document.get("EffectiveCaps"))[:MAX_LISTED]]
-            if "EffectiveCaps" in document
+            [_short(cap) for cap in document["EffectiveCaps"][:MAX_LISTED]]
+            if isinstance(document.get("EffectiveCaps"), list)
             else None
         ),
         "security_opt": [_short(opt) for opt in _list(host.get("SecurityOpt"))[:MAX_LISTED]],
@@ -162,6 +182,10 @@ def _release_image(node_id: str) -> dict[str, object] | None:
     if isinstance(stored, dict) and stored.get("kind") in ("release", "digest"):
         return stored
     return None
+
+
+def _capability(name: object) -> str:
+    return str(name).upper().removeprefix("CAP_")
 
 
 def _bare_id(value: object) -> str:
@@ -201,10 +225,16 @@ def _image_check(seen: dict[str, object], expected: dict[str, object] | None) ->
 
 def checks(seen: dict[str, object], expected_image: dict[str, object] | None) -> list[dict[str, object]]:
     """Each hardening check with what was seen and whether it passed (D2)."""
-    caps = seen["effective_caps"]
-    cap_drop = [str(cap).upper() for cap in seen["cap_drop"]]
-    # Docker lists ["ALL"]; podman lists every capability it dropped and the (empty) effective set.
-    all_dropped = ("ALL" in cap_drop or (caps is not None and not caps and bool(cap_drop))) and not seen["cap_add"]
+    dropped = {_capability(cap) for cap in seen["cap_drop"]}
+    effective = seen["effective_caps"]
+    # Docker lists ["ALL"]; podman lists each capability it dropped (at least its default set) and,
+    # when it knows it, the effective set, which must then be empty.
+    all_dropped = (
+        not seen["cap_add"]
+        and ("ALL" in dropped or DEFAULT_CAPABILITIES <= dropped)
+        and (effective is None or not effective)
+    )
+    cap_drop = sorted(dropped)
     no_new_privileges = any(
         str(opt).replace("=", ":") in ("no-new-privileges", "no-new-privileges:true") for opt in seen["security_opt"]
     )

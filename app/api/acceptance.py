@@ -62,7 +62,11 @@ def post_screenshot(node_id: str):
             "Upload the screenshot as multipart/form-data in the field `file`.",
             field="file",
         )
-    data = upload.read(uploads.MAX_SCREENSHOT_BYTES + 1)
+    try:
+        data = upload.read(uploads.MAX_SCREENSHOT_BYTES + 1)
+    finally:
+        for part in request.files.values():  # the parser's spooled temporary files, at once
+            part.close()
     shot = acceptance.add_screenshot(node_id, upload.filename or "", data, audit.OPERATOR)
     return json_response(shot.to_dict(), 201)
 

@@ -282,7 +282,7 @@ class AgentFacts(Body):
     python: optional_text(32) = None
     # V1: random per agent process, so a restart is seen as a new id (the restart identity item).
     start_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None = None
-    started_at: SampleTime | None = None
+    started_at: Annotated[str, StringConstraints(max_length=64, pattern=RFC3339_PATTERN)] | None = None
 
 
 # V1: nvidia-smi's CSV, a line per GPU of at most a few hundred characters; the agent caps it too.
