@@ -88,6 +88,21 @@
     }
   });
 
+  // V1: a panel that refreshes itself keeps the evidence its reader opened: each open <details>
+  // with an id is open again in the content that replaces it.
+  var openDetails = [];
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    openDetails = Array.prototype.map.call(
+      event.detail.target.querySelectorAll("details[open][id]"), function (details) { return details.id; });
+  });
+  document.addEventListener("htmx:afterSwap", function () {
+    openDetails.forEach(function (id) {
+      var details = document.getElementById(id);
+      if (details && details.tagName === "DETAILS") details.open = true;
+    });
+    openDetails = [];
+  });
+
   // Leaving the page (including into the back/forward cache) takes the secret with it.
   window.addEventListener("pagehide", function () { clearSecrets("closed"); });
 

@@ -46,7 +46,7 @@ def render_error(status: int, title: str, message: str, next_step: str):
 
 def init_app(app: Flask) -> None:
     """Register the console blueprint, its session cookie policy and response headers."""
-    from app.console import audit_log, auth, enroll, jobs, nodes, settings  # noqa: F401  (views register on bp)
+    from app.console import acceptance, audit_log, auth, enroll, jobs, nodes, settings  # noqa: F401  (views register on bp)
 
     app.session_interface = ConsoleSessionInterface()
     app.config.update(

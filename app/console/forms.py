@@ -7,6 +7,7 @@ from collections.abc import Callable
 from decimal import Decimal
 
 from flask_wtf import FlaskForm
+from flask_wtf.file import FileField, FileRequired
 from wtforms import (
     BooleanField,
     DecimalField,
@@ -405,3 +406,17 @@ class GenerateForm(RuntimeJobForm):
             "prompts": parse_prompts(self.prompts.data or ""),
             "max_tokens": self._value(self.max_tokens, runtime.MAX_TOKENS),
         }
+
+
+class InspectForm(FlaskForm):
+    """V1: the pasted `docker inspect` of the node-agent container; app.acceptance checks the text."""
+
+    inspect = TextAreaField(
+        "Output of the command", validators=[DataRequired(message="Paste the output of the command above.")]
+    )
+
+
+class ScreenshotForm(FlaskForm):
+    """V1: one UI screenshot; its size and type are checked by app.acceptance (one rule for the API too)."""
+
+    screenshot = FileField("Screenshot", validators=[FileRequired(message="Choose a PNG or JPEG file.")])

@@ -7,9 +7,10 @@ from datetime import timedelta
 
 from flask import abort, current_app, redirect, render_template, request, url_for
 
-from app import audit, nodes, readiness, telemetry_history
+from app import acceptance, audit, nodes, readiness, telemetry_history
 from app.config import current_settings
 from app.console import bp, is_htmx_fragment_request, page_or_partial
+from app.console.acceptance import node_acceptance_context
 from app.console.auth import login_required
 from app.console.charts import line_chart
 from app.console.commands import replace_credential_command
@@ -76,6 +77,8 @@ def nodes_page():
         filters=filters,
         statuses=STATUS_FILTERS,
         error=error,
+        # V1: every shown node's verdict in one batch, never one checklist per row.
+        validated=acceptance.verdicts([row.id for row in shown]),
         active="nodes",
     ), (400 if error else 200)
 
@@ -155,6 +158,7 @@ def _whole_node_page(node_id: str, window: str, **extra) -> str:
     context = _live_context(node_id)
     context.update(_charts_context(context["node"], window))
     context.update(node_work_context(node_id))  # J4: storage roots, artifacts, acquire
+    context.update(node_acceptance_context(node_id))  # V1: the verdict and each item's state
     return render_template("node.html", active="nodes", credentials=nodes.credentials(node_id), **context, **extra)
 
 
