@@ -736,6 +736,11 @@ def _paths() -> dict:
         "/api/v1/agent/enroll": {
             "post": {
                 "summary": "Claim an enrolment token once; returns the node credential once (E2)",
+                "description": "A token is single use. One exception makes a lost reply harmless: "
+                "the same node_id retrying the same token before it expires, while the credential "
+                "that claim issued has never been presented, gets a fresh credential and the unused "
+                "one is revoked (audited as credential.reissued). Any other second claim is refused "
+                "as before (409 ENROLLMENT_TOKEN_CONSUMED).",
                 "requestBody": _body(bodies.EnrollRequest),
                 "responses": {
                     "201": _json(
