@@ -404,6 +404,7 @@ def test_the_control_plane_is_published_only_through_a_hardened_digest_pinned_pr
 
 def test_the_proxy_reads_whole_requests_within_timeouts_and_the_apps_body_limits():
     """Slow clients are nginx's to hold, never gunicorn's; body limits match the application's."""
+    from app.acceptance.uploads import MAX_UPLOAD_REQUEST_BYTES
     from app.config import load_settings
     from app.jobs.runtime import MAX_COMPLETE_BYTES
 
@@ -422,8 +423,13 @@ def test_the_proxy_reads_whole_requests_within_timeouts_and_the_apps_body_limits
     env = {"MODELFORGE_OPERATOR_API_KEY": "k" * 48, "MODELFORGE_SECRET_KEY": "s" * 48}
     default_limit = load_settings(env, Path("/nonexistent")).max_request_bytes
     sizes = directives["client_max_body_size"]
-    assert sizes == [f"{default_limit // 1024}k", f"{MAX_COMPLETE_BYTES // 2**20}m"]
+    upload_limit = MAX_UPLOAD_REQUEST_BYTES // 2**20
+    assert sizes == [f"{default_limit // 1024}k", f"{MAX_COMPLETE_BYTES // 2**20}m", f"{upload_limit}m"]
+    assert MAX_UPLOAD_REQUEST_BYTES == upload_limit * 2**20  # nginx's size is the application's, exactly
     assert re.search(r"location ~ \^/api/v1/agent/jobs/\[\^/\]\+/complete\$ \{\s*client_max_body_size 4m;", text)
+    # V1: screenshot uploads, through the API and the console.
+    screenshots = r"location ~ \^/\(api/v1/admin\|hardware\)/nodes/\[\^/\]\+/acceptance/screenshots\$"
+    assert re.search(screenshots + rf" \{{\s*client_max_body_size {upload_limit}m;", text)
     # One trusted hop: every forwarded value is this proxy's own, appended to what the client sent
     # (tests/test_reverse_proxy.py runs this file with one hop and with two).
     headers = directives["proxy_set_header"]
