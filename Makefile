@@ -6,7 +6,7 @@ INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
 WORKER_INSTALLED := $(VENV)/.installed-worker
 
-.PHONY: run run-worker test migrate lint bench bench-runtime clean
+.PHONY: run run-worker test migrate lint bench bench-metrics bench-runtime clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ lint: $(TEST_INSTALLED)
 ## Benchmarks print figures; see README.
 bench: $(TEST_INSTALLED)
 	$(BIN)/python bench/heartbeat.py
+
+## GET /metrics at 1,000 nodes x 8 GPUs on SQLite, and PostgreSQL when MODELFORGE_TEST_POSTGRES_URL is set (O1).
+bench-metrics: $(TEST_INSTALLED)
+	$(BIN)/python bench/metrics.py $(BENCH_ARGS)
 
 ## The runtime worker's benchmark through its socket against llama-cpp-python in-process (W2).
 bench-runtime: $(TEST_INSTALLED)
