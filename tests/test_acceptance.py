@@ -714,3 +714,11 @@ def test_the_agent_runs_nvidia_smi_again_only_when_nvml_sees_other_gpus(tmp_path
     smi.facts([agent.GpuFacts(0, GPU_B, "NVIDIA GeForce RTX 4080", 17_171_480_576, "550.54.14", "12.4", "0:1")])
     assert len(runs) == 2
     assert set(agent.PROCESS_START) == {"start_id", "started_at"} and len(agent.PROCESS_START["start_id"]) == 32
+
+
+def test_the_operator_guide_gives_the_same_inspect_command_and_query_as_the_code():
+    from tests.support import PROJECT_ROOT
+
+    guide = (PROJECT_ROOT / "docs" / "operator-guide.md").read_text(encoding="utf-8")
+    assert acceptance.inspect_command(str(uuid.uuid4())) in guide
+    assert acceptance.checklist.gpu_facts.NVIDIA_SMI_QUERY in guide
