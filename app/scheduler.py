@@ -81,15 +81,18 @@ def record_duration(name: str, seconds: float) -> None:
 
 def sweeps(settings: Settings) -> dict[str, tuple[int, Callable[[], dict[str, int]]]]:
     """Each sweep's name, interval and work."""
-    return {
+    found = {
         "liveness": (settings.sweep_interval_seconds, lambda: liveness.sweep(settings)),
         "enrollment-expiry": (settings.sweep_interval_seconds, lambda: {"expired": enrollment.sweep_expired()}),
         "telemetry-retention": (RETENTION_INTERVAL_SECONDS, lambda: retention.sweep(settings)),
         # J2: a job whose agent went silent is requeued within one tick after its lease.
         "job-leases": (settings.sweep_interval_seconds, queue.sweep_expired_leases),
-        # O2: alerts follow the audit trail within a tick; each delivery is claimed once.
-        "alerts": (settings.sweep_interval_seconds, lambda: alerts.sweep(settings)),
     }
+    if settings.alert_urls:
+        # O2: alerts follow the audit trail within a tick; each delivery is claimed once. Without
+        # targets nothing runs, so a control plane without alerts pays no write per tick for them.
+        found["alerts"] = (settings.sweep_interval_seconds, lambda: alerts.sweep(settings))
+    return found
 
 
 def run_if_due(app: Flask, name: str, interval: int, work: Callable[[], dict[str, int]], holder: str) -> bool:

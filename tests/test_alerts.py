@@ -178,6 +178,14 @@ def test_a_url_file_apprise_cannot_read_is_refused_by_position(tmp_path):
         load_settings({**BASE, "MODELFORGE_ALERT_URLS_FILE": str(listed)}, tmp_path)
 
 
+def test_the_alert_sweep_is_scheduled_only_while_targets_are_configured(tmp_path):
+    from app import scheduler
+
+    assert "alerts" not in scheduler.sweeps(load_settings(BASE, tmp_path))
+    configured = load_settings({**BASE, "MODELFORGE_ALERT_URLS": "ntfy://ntfy.sh/topic"}, tmp_path)
+    assert scheduler.sweeps(configured)["alerts"][0] == configured.sweep_interval_seconds
+
+
 def test_targets_are_labelled_masked_and_keyed_without_the_url():
     (target,) = targets_for(("json://alerts:pw-Secret9@127.0.0.1:8080/hooks/topic-secret",), "key")
     assert target.label == "json://alerts:****@127.0.0.1:8080/.../t...t"  # short segments: nothing shown

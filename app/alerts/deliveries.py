@@ -40,9 +40,10 @@ GIVE_UP_AFTER = timedelta(hours=24)
 # A claim outlasts apprise's connect and read timeouts (4 s each by default) with room to spare.
 CLAIM_SECONDS = 60
 BATCH = 20
-# Events older than this are never alerted: a control plane that enables alerts, or whose
-# schedulers were all down for a while, does not flood a phone with history.
-MAX_EVENT_AGE = timedelta(hours=1)
+# Events older than this are never alerted: schedulers down for a few minutes catch up on
+# restart, but alerts turned back on after a pause (the sweep runs only while targets are
+# configured) do not flood a phone with history.
+MAX_EVENT_AGE = timedelta(minutes=15)
 # A transaction can commit an event with a lower id after one with a higher id (PostgreSQL
 # sequences are not commit-ordered), so the last few minutes are looked at again each run.
 REORDER_WINDOW = timedelta(minutes=2)
