@@ -159,6 +159,7 @@ def test_the_checklist_fills_in_the_verdict_turns_and_the_bundle_opens(page, acc
     page.click("button:has-text('Check container status')")
     expect(page.locator("[data-testid=inspect-notice]")).to_contain_text("Container status recorded: contradicted")
     expect(page.locator("#inspect")).to_have_value("")
+    expect(notice).to_have_count(0)  # the refusal no longer holds once the evidence changed
     container = item(page, "container_status")
     expect(container).to_have_attribute("data-state", "contradicted")  # the checklist refetched itself
     expect(container.locator("[data-testid=item-state]")).to_have_text("✗ contradicted")
