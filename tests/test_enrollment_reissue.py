@@ -227,3 +227,31 @@ def test_concurrent_retries_leave_one_active_credential(app, client):
         credential for credential in [lost["credential"], *handed] if beat(client, credential).status_code == 200
     ]
     assert len(working) == 1
+
+
+def test_a_credential_issued_before_the_migration_is_never_reissued(tmp_path):
+    """0009 round trip on a database with an enrolled node: the credential keeps working, and with
+    no enrolment recorded on it a retried claim is refused as before (SQLite; E2)."""
+    from flask_migrate import downgrade, upgrade
+
+    from app import create_app
+    from tests.support import app_env
+
+    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    application = create_app(app_env(url, tmp_path))
+    with application.app_context():
+        upgrade()
+    body, first = claimed(application.test_client())
+    with application.app_context():
+        db.engine.dispose()
+        downgrade(revision="0008_sweep_durations")
+        with db.engine.connect() as connection:
+            columns = {column["name"] for column in sa.inspect(connection).get_columns("credentials")}
+            assert {"enrollment_id", "first_used_at"}.isdisjoint(columns)
+        upgrade()
+        db.engine.dispose()
+    client = application.test_client()
+    assert_refused_as_today(client.post(ENROLL, json=body))
+    (only,) = credentials(application)
+    assert only.active and only.enrollment_id is None
+    assert beat(client, first["credential"]).status_code == 200
