@@ -247,7 +247,7 @@ def test_every_alerting_transition_is_sent_once_to_the_receiver(alert_app, recei
     first, second = sweep(alert_app), sweep(alert_app)
     with alert_app.app_context():
         assert deliveries.enqueue_new(targets(alert_app)) == 0
-        assert deliveries.claim_due(targets(alert_app)) == []
+        assert deliveries.claim_next(targets(alert_app)) is None
     assert first == {"queued": 5, "sent": 5, "retrying": 0, "failed": 0}
     assert second == {"queued": 0, "sent": 0, "retrying": 0, "failed": 0}
     assert receiver.titles() == [
@@ -311,8 +311,8 @@ def test_a_transition_queued_by_two_schedulers_at_once_is_one_delivery(alert_app
         thread.join(30)
     assert errors == [] and sorted(counts) == [0, 1]
     with alert_app.app_context():
-        assert len(deliveries.claim_due(targets(alert_app))) == 1
-        assert deliveries.claim_due(targets(alert_app)) == []  # claimed: the other scheduler gets nothing
+        assert deliveries.claim_next(targets(alert_app)) is not None
+        assert deliveries.claim_next(targets(alert_app)) is None  # claimed: the other scheduler gets nothing
 
 
 def test_a_replica_that_lacks_a_target_leaves_its_deliveries_to_the_replicas_that_have_it(alert_app, receiver):
@@ -320,7 +320,7 @@ def test_a_replica_that_lacks_a_target_leaves_its_deliveries_to_the_replicas_tha
     other = targets_for(("json://127.0.0.1:9/elsewhere",), current_settings(alert_app).secret_key)
     with alert_app.app_context():
         assert deliveries.enqueue_new(targets(alert_app)) == 1
-        assert deliveries.claim_due(other) == [] and deliveries.claim_due(()) == []
+        assert deliveries.claim_next(other) is None and deliveries.claim_next(()) is None
     assert sweep(alert_app)["sent"] == 1 and receiver.titles() == ["Node offline: node n-1"]
 
 
@@ -345,17 +345,32 @@ def test_a_target_that_is_down_is_retried_with_backoff_until_it_answers(alert_ap
 
     with alert_app.app_context():
         later = utcnow() + timedelta(seconds=3)
-        (claimed,) = deliveries.claim_due(targets(alert_app), now=later)
+        claimed = deliveries.claim_next(targets(alert_app), now=later)
         assert deliveries.record_result(claimed, "still down", now=later) == AlertDeliveryState.PENDING
     (row,) = delivery_rows(alert_app)
     assert row.attempts == 2 and (row.next_attempt_at - row.last_attempt_at).total_seconds() == 4
 
     receiver.start()
     with alert_app.app_context():
-        (claimed,) = deliveries.claim_due(targets(alert_app), now=utcnow() + timedelta(seconds=8))
+        claimed = deliveries.claim_next(targets(alert_app), now=utcnow() + timedelta(seconds=8))
         assert sender.send(claimed.target, claimed.alert) is None
         assert deliveries.record_result(claimed, None) == AlertDeliveryState.SENT
     assert receiver.titles() == ["Node offline: node n-1"]
+
+
+def test_a_lapsed_claim_is_claimed_again_and_the_late_result_does_not_overwrite_it(alert_app):
+    record(alert_app, "node.offline", "n-1", previous="stale")
+    with alert_app.app_context():
+        deliveries.enqueue_new(targets(alert_app))
+        first = deliveries.claim_next(targets(alert_app))
+        assert deliveries.claim_next(targets(alert_app), now=utcnow() + timedelta(seconds=30)) is None  # held
+        later = utcnow() + timedelta(seconds=deliveries.CLAIM_SECONDS + 1)  # its sender died mid-send
+        second = deliveries.claim_next(targets(alert_app), now=later)
+        assert (first.id, first.attempts, second.attempts) == (second.id, 1, 2)
+        deliveries.record_result(second, None, now=later)
+        deliveries.record_result(first, "timed out", now=later)  # fenced out by the attempt number
+    (row,) = delivery_rows(alert_app)
+    assert (row.state, row.attempts, row.last_error) == (AlertDeliveryState.SENT, 2, None)
 
 
 def test_an_alert_undelivered_for_a_day_is_given_up(alert_app, receiver):
@@ -364,9 +379,9 @@ def test_an_alert_undelivered_for_a_day_is_given_up(alert_app, receiver):
     sweep(alert_app)
     with alert_app.app_context():
         much_later = utcnow() + deliveries.GIVE_UP_AFTER
-        (claimed,) = deliveries.claim_due(targets(alert_app), now=much_later)
+        claimed = deliveries.claim_next(targets(alert_app), now=much_later)
         assert deliveries.record_result(claimed, "down", now=much_later) == AlertDeliveryState.FAILED
-        assert deliveries.claim_due(targets(alert_app), now=much_later + timedelta(days=1)) == []
+        assert deliveries.claim_next(targets(alert_app), now=much_later + timedelta(days=1)) is None
 
 
 # --------------------------------------------------------------------------- the settings page

@@ -39,7 +39,9 @@ BACKOFF_CAP_SECONDS = 300
 GIVE_UP_AFTER = timedelta(hours=24)
 # A claim outlasts apprise's connect and read timeouts (4 s each by default) with room to spare.
 CLAIM_SECONDS = 60
+# Sends per sweep run, and due rows read per claim (another scheduler may win some of them).
 BATCH = 20
+CANDIDATES = 5
 # Events older than this are never alerted: schedulers down for a few minutes catch up on
 # restart, but alerts turned back on after a pause (the sweep runs only while targets are
 # configured) do not flood a phone with history.
@@ -166,12 +168,16 @@ def _alert_for(event: AuditEvent | None) -> messages.Alert | None:
     return messages.compose(event, node_name, job_type)
 
 
-def claim_due(targets: Iterable[Target], now: datetime | None = None, limit: int = BATCH) -> list[Claimed]:
-    """Claim up to `limit` due deliveries; each is this process's alone to send. Commits."""
+def claim_next(targets: Iterable[Target], now: datetime | None = None) -> Claimed | None:
+    """Claim one due delivery, this process's alone to send; None when nothing is due. Commits.
+
+    One at a time, just before its send: a claim never waits behind other sends, so it cannot
+    lapse (and be claimed again elsewhere) while this process is still busy with a slow target.
+    """
     now = now or utcnow()
     by_key = {target.key: target for target in targets}
     if not by_key:
-        return []
+        return None
     # Only targets this process knows: a replica configured with fewer URLs (mid-change) leaves
     # the others' deliveries to the replicas that hold their URLs.
     due = db.session.scalars(
@@ -182,25 +188,23 @@ def claim_due(targets: Iterable[Target], now: datetime | None = None, limit: int
             AlertDelivery.target_key.in_(by_key),
         )
         .order_by(AlertDelivery.next_attempt_at, AlertDelivery.id)
-        .limit(limit)
+        .limit(CANDIDATES)
     ).all()
-    claimed = []
     for delivery_id in due:
         if not _claim(delivery_id, now):
             continue  # another scheduler claimed it between the read and the claim
         delivery = db.session.get(AlertDelivery, delivery_id, populate_existing=True)
-        event = db.session.get(AuditEvent, delivery.audit_event_id)
-        claimed.append(
-            Claimed(
-                id=delivery.id,
-                attempts=delivery.attempts,
-                created_at=delivery.created_at,
-                target=by_key[delivery.target_key],
-                alert=_alert_for(event),
-            )
+        claimed = Claimed(
+            id=delivery.id,
+            attempts=delivery.attempts,
+            created_at=delivery.created_at,
+            target=by_key[delivery.target_key],
+            alert=_alert_for(db.session.get(AuditEvent, delivery.audit_event_id)),
         )
-    db.session.commit()  # no transaction (nor SQLite's write lock) stays open while sending
-    return claimed
+        db.session.commit()  # no transaction (nor SQLite's write lock) stays open while sending
+        return claimed
+    db.session.commit()
+    return None
 
 
 def record_result(claimed: Claimed, error: str | None, now: datetime | None = None) -> str:

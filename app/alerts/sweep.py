@@ -21,7 +21,10 @@ def sweep(settings: Settings) -> dict[str, int]:
     """Queue and send; counts of what was queued, sent, left to retry and given up."""
     targets = targets_for(settings.alert_urls, settings.secret_key)
     counts = {"queued": deliveries.enqueue_new(targets), "sent": 0, "retrying": 0, "failed": 0}
-    for claimed in deliveries.claim_due(targets):
+    for _ in range(deliveries.BATCH):
+        claimed = deliveries.claim_next(targets)
+        if claimed is None:
+            break
         if claimed.alert is None:
             error = "the audit event behind this alert no longer exists"
         else:
