@@ -125,13 +125,29 @@ def test_a_retry_after_the_credential_was_used_is_refused(app, client, use):
     assert audit_events(app, "credential.reissued") == []
 
 
-def test_a_later_use_does_not_write_the_first_use_again(app, client):
+def test_only_the_first_use_touches_the_credential_row(app, client):
+    """The heartbeat hot path stays as it was: after the first call, no statement writes credentials."""
     body, first = claimed(client)
-    assert beat(client, first["credential"]).status_code == 200
-    (used,) = credentials(app)
-    assert beat(client, first["credential"]).status_code == 200
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *args):
+        statements.append(" ".join(statement.split()).lower())
+
+    with app.app_context():
+        engine = db.engine
+    sa.event.listen(engine, "before_cursor_execute", seen)
+    try:
+        assert beat(client, first["credential"]).status_code == 200
+        on_first = [s for s in statements if s.startswith("update credentials")]
+        statements.clear()
+        (used,) = credentials(app)
+        assert beat(client, first["credential"]).status_code == 200
+        on_second = [s for s in statements if s.startswith("update credentials")]
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", seen)
+    assert len(on_first) == 1 and on_second == []
     (again,) = credentials(app)
-    assert again.first_used_at == used.first_used_at
+    assert again.first_used_at == used.first_used_at is not None
 
 
 @pytest.mark.parametrize(
