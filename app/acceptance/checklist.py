@@ -130,8 +130,15 @@ class _Gathered:
     screenshots: list[AcceptanceScreenshot] = field(default_factory=list)
 
 
-def _gather(node_ids: list[str]) -> dict[str, _Gathered]:
-    """Everything the checklists of these nodes read, in seven queries however many nodes there are."""
+_evidence = AcceptanceEvidence.__table__
+
+
+def _gather(node_ids: list[str], verdict_only: bool = False) -> dict[str, _Gathered]:
+    """Everything the checklists of these nodes read, in seven queries however many nodes there are.
+
+    `verdict_only` (the nodes list) leaves out what only the evidence needs: the stored items'
+    documents (a node's read-back is kilobytes) and the smoke test's texts.
+    """
     if not node_ids:
         return {}
     found = {node.id: _Gathered(node) for node in db.session.scalars(sa.select(Node).where(Node.id.in_(node_ids)))}
@@ -144,8 +151,17 @@ def _gather(node_ids: list[str]) -> dict[str, _Gathered]:
         sa.select(Gpu).where(Gpu.node_id.in_(ids), Gpu.present.is_(True)).order_by(Gpu.pci_bus_id, Gpu.uuid)
     ):
         found[gpu.node_id].gpus.append(gpu)
-    for row in db.session.scalars(sa.select(AcceptanceEvidence).where(AcceptanceEvidence.node_id.in_(ids))):
-        found[row.node_id].stored[row.item] = row
+    if verdict_only:
+        evidence = _evidence.c
+        for row in db.session.execute(
+            sa.select(evidence.node_id, evidence.item, evidence.state, evidence.observed_at, evidence.source).where(
+                evidence.node_id.in_(ids)
+            )
+        ):
+            found[row.node_id].stored[row.item] = AcceptanceEvidence(**row._asdict(), detail="", evidence={})
+    else:
+        for row in db.session.scalars(sa.select(AcceptanceEvidence).where(AcceptanceEvidence.node_id.in_(ids))):
+            found[row.node_id].stored[row.item] = row
     for node_id, event_id, action, at in db.session.execute(
         sa.select(AuditEvent.node_id, AuditEvent.id, AuditEvent.action, AuditEvent.at)
         .where(AuditEvent.node_id.in_(ids), AuditEvent.action.in_(RECOVERY_ACTIONS))
@@ -159,11 +175,13 @@ def _gather(node_ids: list[str]) -> dict[str, _Gathered]:
         .group_by(Job.node_id)
         .subquery()
     )
-    for job in db.session.scalars(
-        sa.select(Job)
+    columns = (Job.id, Job.node_id, Job.finished_at) if verdict_only else (Job,)
+    for row in db.session.execute(
+        sa.select(*columns)
         .join(latest, sa.and_(Job.node_id == latest.c.node_id, Job.finished_at == latest.c.finished_at))
         .where(*succeeded)
     ):
+        job = Job(**row._asdict(), params={}, result=None) if verdict_only else row.Job
         found[job.node_id].smoke = found[job.node_id].smoke or job
     for shot in db.session.scalars(
         sa.select(AcceptanceScreenshot).where(AcceptanceScreenshot.node_id.in_(ids)).order_by(AcceptanceScreenshot.id)
@@ -419,7 +437,7 @@ def evaluate(node_id: str) -> Checklist:
 
 def verdicts(node_ids: list[str]) -> dict[str, bool]:
     """Whether each of these nodes is validated (for the nodes list), in a fixed number of queries."""
-    gathered = _gather(list(node_ids))
+    gathered = _gather(list(node_ids), verdict_only=True)
     return {node_id: _checklist(found).validated if (found := gathered.get(node_id)) else False for node_id in node_ids}
 
 
@@ -427,10 +445,11 @@ def verdicts(node_ids: list[str]) -> dict[str, bool]:
 
 
 def store(node_id: str, item: Item, actor: str) -> None:
-    """Keep a stored item's latest observation (the caller commits); audited without its evidence."""
+    """Keep a stored item's latest observation (the caller commits); an operator's is audited, without its evidence."""
     row = db.session.scalar(
         sa.select(AcceptanceEvidence).where(AcceptanceEvidence.node_id == node_id, AcceptanceEvidence.item == item.name)
     )
+    previous = None if row is None else row.state
     if row is None:
         row = AcceptanceEvidence(node_id=node_id, item=item.name)
         db.session.add(row)
@@ -439,8 +458,10 @@ def store(node_id: str, item: Item, actor: str) -> None:
     row.source = item.source[:100]
     row.detail = item.detail[:1000]
     row.evidence = item.evidence
-    if item.name != NODE_API_OUTPUT:  # captured at every inventory: its rows are its own record
-        audit.record(actor, EVIDENCE_RECORDED, node_id, item=item.name, state=item.state)
+    # P4: what an operator gives (a paste) is audited; what the control plane records from inventories
+    # is not — its row says when and how — so an agent flipping its GPUs cannot flood the log (issue 15).
+    if actor != audit.SYSTEM and not actor.startswith(audit.agent_actor("")):
+        audit.record(actor, EVIDENCE_RECORDED, node_id, item=item.name, state=item.state, previous=previous)
 
 
 def capture_node_api_output(node_id: str) -> Item:
