@@ -9,6 +9,8 @@ agent is stopped, the node offline and its GPU series gone.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -200,7 +202,7 @@ def test_prometheus_scrapes_the_agents_gpus_and_sees_the_node_go_offline(metrics
     assert_no_secrets(metrics_server.log() + prometheus.log(), METRICS_TOKEN, agent.credential())
 
 
-def test_http_counts_are_summed_across_gunicorn_workers(metrics_server):
+def test_http_counts_are_summed_across_gunicorn_workers_and_outlive_a_dead_one(metrics_server):
     def healthz_count() -> float:
         response = requests.get(metrics_server.url + "/metrics", headers=ADMIN, timeout=10)
         assert response.status_code == 200
@@ -219,3 +221,25 @@ def test_http_counts_are_summed_across_gunicorn_workers(metrics_server):
     kept_alive = [session.get(metrics_server.url + "/healthz", timeout=5) for _ in range(20)]
     assert all(response.status_code == 200 for response in with_fresh_connections + kept_alive)
     assert healthz_count() - before == 40  # whichever of the four workers answered each
+
+    # A worker that dies takes none of its counts with it (child_exit marks it dead).
+    booted = re.findall(r"Booting worker with pid: (\d+)", metrics_server.log())
+    for pid in booted:
+        os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while len(re.findall(r"Booting worker with pid", metrics_server.log())) < 2 * len(booted):
+        assert time.monotonic() < deadline, metrics_server.log()[-3000:]
+        time.sleep(0.2)
+    assert healthz_count() - before == 40
+
+    # The files live in a private directory made for this master (the scheduler it spawned carries
+    # its name in its environment), and go with it.
+    (scheduler_pid,) = re.findall(r"started the scheduler as process (\d+)", metrics_server.log())
+    environ = Path(f"/proc/{scheduler_pid}/environ").read_bytes().split(b"\0")
+    (directory,) = [
+        Path(item.split(b"=", 1)[1].decode()) for item in environ if item.startswith(b"PROMETHEUS_MULTIPROC_DIR=")
+    ]
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert len(list(directory.glob("counter_*.db"))) >= 1
+    metrics_server.stop()
+    assert not directory.exists()
