@@ -602,11 +602,17 @@ def clear_eligibility(node: Node, reasons: list[str], actor: str) -> None:
         audit.record(actor, ELIGIBILITY_CLEARED, node.id, reasons=reasons)
 
 
-def set_production_eligible(node_id: str, value: bool, actor: str) -> Checklist:
-    """Set or clear production_eligible; true only on a validated node (409 NODE_NOT_VALIDATED naming why)."""
+def lock_node(node_id: str) -> Node:
+    """The node, locked until commit (PostgreSQL), so two operator actions on its evidence queue up."""
     node = db.session.scalar(sa.select(Node).where(Node.id == node_id).with_for_update())
     if node is None:
-        nodes.get(node_id)
+        nodes.get(node_id)  # raises NODE_NOT_FOUND
+    return node
+
+
+def set_production_eligible(node_id: str, value: bool, actor: str) -> Checklist:
+    """Set or clear production_eligible; true only on a validated node (409 NODE_NOT_VALIDATED naming why)."""
+    node = lock_node(node_id)
     checklist = evaluate(node_id)
     if value and not checklist.validated:
         missing = [item.name for item in checklist.items if item.state == MISSING]

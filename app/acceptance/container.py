@@ -12,7 +12,6 @@ import json
 
 import sqlalchemy as sa
 
-from app import nodes
 from app.acceptance import checklist, secrets_scan
 from app.errors import DomainError
 from app.extensions import db
@@ -277,7 +276,7 @@ def record_container_status(node_id: str, inspect_text: str, actor: str) -> chec
 
     Any failed check makes the item contradicted, and clears production_eligible (audited).
     """
-    node = nodes.get(node_id)
+    node = checklist.lock_node(node_id)
     document = parse(inspect_text)
     seen = project(document)
     results = checks(seen, _release_image(node_id))

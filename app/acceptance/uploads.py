@@ -155,7 +155,7 @@ def add_screenshot(node_id: str, filename: str, data: bytes, actor: str) -> Scre
     from app import audit
     from app.acceptance import checklist
 
-    nodes.get(node_id)
+    checklist.lock_node(node_id)
     if len(data) > MAX_SCREENSHOT_BYTES:
         raise too_large(len(data))
     try:
