@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from app.acceptance import MAX_SCREENSHOT_BYTES
 from tests import factories
 from tests.support import ADMIN, GunicornServer, assert_no_secrets
 from tests.test_console_acceptance import ENV_SECRET, ITEMS, inspect_text, png, publish, smoke_test
@@ -175,8 +176,21 @@ def test_the_checklist_fills_in_the_verdict_turns_and_the_bundle_opens(page, acc
     assert ENV_SECRET not in page.content()
     page.steps.shot("container-observed")
 
-    # A screenshot: the size limit is shown, a real PNG goes up and comes back as a thumbnail.
+    # A screenshot: the size limit is shown; a file over it and a text file named .png are refused
+    # under the field; a real PNG goes up and comes back as a thumbnail.
     expect(page.locator("#acceptance-upload-form label")).to_contain_text("PNG or JPEG, at most 5.0 MiB")
+    page.expected_errors += ["status of 413"]
+    refusals = [
+        ("huge.png", png() + b"\0" * MAX_SCREENSHOT_BYTES, "larger than the limit of 5.0 MiB; nothing was stored"),
+        ("notes.png", b"just some text, not an image\n", "not a whole PNG or JPEG image"),
+    ]
+    for name, data, message in refusals:
+        page.set_input_files("#screenshot", files=[{"name": name, "mimeType": "image/png", "buffer": data}])
+        page.click("button:has-text('Upload screenshot')")
+        expect(page.locator("[data-testid=upload-error]")).to_contain_text(message)
+        expect(page.locator("#screenshot")).to_have_attribute("aria-invalid", "true")
+    expect(item(page, "screenshots")).to_have_attribute("data-state", "missing")
+    page.steps.shot("upload-refused")
     page.set_input_files(
         "#screenshot", files=[{"name": "node-page.png", "mimeType": "image/png", "buffer": png(64, 40)}]
     )
