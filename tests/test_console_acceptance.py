@@ -470,6 +470,8 @@ def test_eligibility_is_refused_until_validated_then_set_and_cleared(app, consol
     assert post_inspect(console, node["id"], inspect_text()).status_code == 200
     html = page(console, node["id"])
     assert states(html) == {**dict.fromkeys(ITEM_NAMES, "observed"), "screenshots": "missing"}
+    job_link = re.search(r'<a href="(/jobs/[0-9a-f-]{36})" data-testid="item-job">', html)
+    assert job_link and console.get(job_link[1]).status_code == 200  # the smoke test's own page
     response = mark(console, node["id"], "true")
     assert response.status_code == 409 and "missing: screenshots" in response.get_data(as_text=True)
 
