@@ -260,7 +260,9 @@ def claim(request: Claim) -> ClaimResult:
     node.hostname = request.hostname
     node.role = enrollment.role
     node.labels = enrollment.labels or {}
-    node.production_eligible = enrollment.production_eligible
+    # V1: a node is production eligible only once validated (POST …/production-eligibility); an
+    # enrolment's flag is the operator's request, recorded in the audit, never a bypass.
+    node.production_eligible = False
     node.lab_eligible = enrollment.lab_eligible
     node.benchmark_eligible = enrollment.benchmark_eligible
     node.enrolled_at = now
@@ -297,6 +299,7 @@ def claim(request: Claim) -> ClaimResult:
             credential_id=credential.id,
             credential_prefix=credential.prefix,
             re_enrolled=returning,
+            production_eligibility_requested=enrollment.production_eligible,
             hostname_shared_with_other_nodes=duplicates,
         )
         db.session.commit()

@@ -95,6 +95,18 @@ def test_admin_endpoints_need_the_operator_key(client, headers):
     assert client.get("/api/v1/hardware/nodes", headers=headers).status_code == 401
 
 
+def test_a_token_minted_production_eligible_gives_a_node_that_is_not_until_validated(app, client):
+    """V1 over E1: the enrolment's flag is a request; only a validated node becomes production eligible."""
+    minted = factories.mint(client, production_eligible=True)
+    assert minted["production_eligible"] is True
+    assert client.post("/api/v1/agent/enroll", json=factories.enroll_body(minted["token"])).status_code == 201
+
+    (node,) = rows(app, Node)
+    assert node.production_eligible is False
+    (enrolled,) = [event for event in rows(app, AuditEvent) if event.action == "node.enrolled"]
+    assert enrolled.details["production_eligibility_requested"] is True
+
+
 def test_claim_gives_one_node_one_credential_and_spends_the_token(app, client):
     minted = factories.mint(client, role="gpu", labels={"rack": "2"}, lab_eligible=True)
     body = factories.enroll_body(minted["token"])

@@ -174,7 +174,11 @@ class EnrollmentCreate(Body):
     expires_in_seconds: whole(MIN_EXPIRY_SECONDS, MAX_EXPIRY_SECONDS)
     role: optional_text(100) = None
     labels: Labels = None
-    production_eligible: bool = False
+    production_eligible: bool = Field(
+        False,
+        description="Requested only: the node is made production eligible once its acceptance evidence "
+        "validates it (V1, POST /api/v1/admin/nodes/{id}/production-eligibility).",
+    )
     lab_eligible: bool = False
     benchmark_eligible: bool = False
 
