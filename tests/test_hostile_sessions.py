@@ -234,6 +234,11 @@ def test_through_gunicorn_a_replayed_cookie_is_refused_after_sign_out_and_everyw
 def test_a_bad_token_gets_the_same_answer_whether_or_not_the_node_id_exists(app, client):
     enrolled = factories.enrolled_node(client)
     spent = enrolled["token"]
+    # Its credential used: a consumed token's retry is then refused (a never-used one is reissued).
+    beat = client.post(
+        "/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=factories.bearer(enrolled["credential"])
+    )
+    assert beat.status_code == 200
     expired = factories.mint(client)
     factories.expire_enrollments(app, expired["id"])
     elsewhere = factories.mint(client)["token"]
