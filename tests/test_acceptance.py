@@ -337,6 +337,23 @@ def test_recovery_is_read_from_the_audit_trail_in_order(app, client, node):
     assert evidence["audit_event_ids"] == sorted(evidence["audit_event_ids"])
 
 
+def test_a_node_swept_offline_straight_from_online_has_recovered_too(app, client, node):
+    """A late sweep sees the node past both limits at once (L1): no node.stale row, still an outage."""
+    node_id, credential = node["node_id"], node["credential"]
+    publish(client, credential)
+    beat(client, credential)
+    with app.app_context():
+        settings = current_settings(app)
+        later = utcnow() + timedelta(seconds=settings.node_offline_after_seconds + 1)
+        assert liveness.sweep(settings, later) == {"stale": 0, "offline": 1}
+    assert item(client, node_id, "recovery")["state"] == "missing"  # offline, not yet returned
+    beat(client, credential)
+    seen = item(client, node_id, "recovery")
+    assert seen["state"] == "observed" and seen["evidence"]["stale_at"] is None
+    assert "swept offline straight from online" in seen["detail"]
+    assert len(seen["evidence"]["audit_event_ids"]) == 2
+
+
 def test_the_smoke_test_is_the_latest_succeeded_generate_job(app, client, node):
     node_id = node["node_id"]
     assert "run a smoke test from the node page" in item(client, node_id, "runtime_smoke_test")["detail"]

@@ -285,7 +285,11 @@ def _stored(gathered: _Gathered, name: str, missing_detail: str, source: str) ->
 
 
 def _recovery(gathered: _Gathered) -> Item:
-    """The latest stale → offline → returned sequence in this node's audit trail."""
+    """The latest stale → offline → returned sequence in this node's audit trail.
+
+    A node silent past both limits between two sweeps is audited offline straight from online (L1):
+    it was stale on the way, unrecorded, so that sequence counts too and says so.
+    """
     name, title = RECOVERY, TITLES[RECOVERY]
     stale = offline = None
     complete = None
@@ -293,10 +297,10 @@ def _recovery(gathered: _Gathered) -> Item:
         _, action, _ = event
         if action == "node.stale":
             stale, offline = event, None
-        elif action == "node.offline" and stale is not None:
+        elif action == "node.offline":
             offline = event
         elif action == "node.returned":
-            if stale is not None and offline is not None:
+            if offline is not None:
                 complete = (stale, offline, event)
             stale = offline = None
     if complete is None:
@@ -310,19 +314,24 @@ def _recovery(gathered: _Gathered) -> Item:
             "No stale → offline → returned sequence in the audit trail yet" + seen + ": stop the node's agent "
             "until the node shows offline, then start it again.",
         )
-    times = [isoformat(at) for _, _, at in complete]
+    times = [None if event is None else isoformat(event[2]) for event in complete]
+    went_stale = (
+        f"went stale at {times[0]}"
+        if times[0]
+        else "went stale (between two sweeps, so unrecorded: it was swept offline straight from online)"
+    )
     return Item(
         name,
         title,
         OBSERVED,
         complete[2][2],
         "audit trail",
-        f"The node went stale at {times[0]}, offline at {times[1]} and returned at {times[2]}.",
+        f"The node {went_stale}, offline at {times[1]} and returned at {times[2]}.",
         {
             "stale_at": times[0],
             "offline_at": times[1],
             "returned_at": times[2],
-            "audit_event_ids": [event_id for event_id, _, _ in complete],
+            "audit_event_ids": [event[0] for event in complete if event is not None],
         },
     )
 
