@@ -433,6 +433,11 @@ def record_inventory(
     """
     now = utcnow()
     node_id = publisher.node_id
+    # V1: the node row locked (PostgreSQL) and read afresh before anything else, as every acceptance
+    # write does (app.acceptance.checklist.lock_node): a concurrent "mark eligible" commits first and
+    # this inventory's contradiction then sees and clears it, and two evidence writes never race.
+    # Inventories are rare (start, GPU change); the heartbeat's path takes no such lock.
+    node = acceptance.lock_node(node_id)
     inventory = db.session.get(NodeInventory, node_id)
     previous_facts = inventory.facts if inventory is not None else None
     if inventory is None:
@@ -441,7 +446,6 @@ def record_inventory(
         inventory.facts = facts
         inventory.received_at = now
 
-    node = db.session.get(Node, node_id)
     hostname = facts.get("hostname")
     if isinstance(hostname, str) and hostname and hostname != node.hostname:
         _audit_change(node_id, "node.hostname_changed", now, old=node.hostname, new=hostname)

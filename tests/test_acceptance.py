@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import json
 import struct
+import threading
+import time
 import uuid
 import zipfile
 import zlib
@@ -643,6 +645,33 @@ def test_a_later_contradiction_clears_production_eligible_audited(app, client, n
         )
         assert cleared is not None and cleared.node_id == node_id and cleared.details["reasons"]
     assert eligibility(client, node_id, True).status_code == 409
+
+
+def test_an_inventory_waits_for_a_concurrent_mark_eligible_and_then_clears_it(app, client, node, database_url):
+    """The node row is locked before the acceptance work, so the contradiction sees the committed flag."""
+    node_id, credential = node["node_id"], node["credential"]
+    gather_everything(app, client, node)
+    other = sa.create_engine(database_url)
+    inventory = threading.Thread(
+        target=publish, args=(app.test_client(), credential), kwargs={"gpus": [factories.gpu(GPU_B)]}
+    )
+    try:
+        with other.connect() as connection:  # another request marking the node eligible, not yet committed
+            connection.execute(sa.select(Node.id).where(Node.id == node_id).with_for_update())
+            connection.execute(sa.update(Node).where(Node.id == node_id).values(production_eligible=True))
+            inventory.start()
+            time.sleep(0.5)
+            connection.commit()
+        inventory.join(30)
+    finally:
+        other.dispose()
+    assert not inventory.is_alive()
+    assert checklist(client, node_id)["production_eligible"] is False
+    with app.app_context():
+        cleared = db.session.scalar(
+            sa.select(AuditEvent).where(AuditEvent.action == "node.production_eligibility_cleared")
+        )
+        assert cleared is not None and "GPU UUIDs changed" in cleared.details["reasons"]
 
 
 def test_the_nodes_list_verdict_costs_the_same_queries_for_one_node_or_many(app, client):

@@ -629,8 +629,14 @@ def clear_eligibility(node: Node, reasons: list[str], actor: str) -> None:
 
 
 def lock_node(node_id: str) -> Node:
-    """The node, locked until commit (PostgreSQL), so two operator actions on its evidence queue up."""
-    node = db.session.scalar(sa.select(Node).where(Node.id == node_id).with_for_update())
+    """The node, locked until commit (PostgreSQL) and read afresh, so writes to its evidence queue up.
+
+    Every path that records evidence or sets the flag takes this first (an inventory too:
+    app.publishing.record_inventory); populate_existing replaces a copy read earlier in the request.
+    """
+    node = db.session.scalar(
+        sa.select(Node).where(Node.id == node_id).with_for_update().execution_options(populate_existing=True)
+    )
     if node is None:
         nodes.get(node_id)  # raises NODE_NOT_FOUND
     return node
