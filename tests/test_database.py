@@ -20,7 +20,7 @@ def test_migrated_schema_matches_the_models(app):
     with app.app_context(), db.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, db.metadata) == []
-        assert context.get_current_revision() == "0009_credential_first_use"
+        assert context.get_current_revision() == "0010_unvalidated_not_eligible"
 
 
 def test_upgrading_an_existing_database_keeps_its_enrolments(tmp_path):
@@ -150,6 +150,39 @@ def test_operator_sessions_migrate_up_and_down_on_both_databases(database_url, t
             assert [constraint["column_names"] for constraint in unique] == [["token_hash"]]
             indexed = [index["column_names"] for index in inspector.get_indexes("operator_sessions")]
             assert ["expires_at"] in indexed
+        db.engine.dispose()
+
+
+def test_a_node_eligible_before_acceptance_evidence_is_made_ineligible_audited(database_url, tmp_path):
+    """0009 → 0010: a node enrolled production eligible without validation is cleared, with why (V1)."""
+    from flask_migrate import downgrade, upgrade
+
+    from app import create_app
+    from app.models import AuditEvent
+    from tests.support import app_env
+
+    app = create_app(app_env(database_url, tmp_path))
+    with app.app_context():
+        downgrade(revision="0009_credential_first_use")
+        with db.engine.begin() as connection:
+            connection.execute(
+                sa.insert(Node.__table__),
+                [
+                    {"id": "n-eligible", "display_name": "old", "hostname": "h1", "production_eligible": True},
+                    {"id": "n-not", "display_name": "new", "hostname": "h2", "production_eligible": False},
+                ],
+            )
+        upgrade()
+        db.session.remove()
+        eligible = dict(db.session.execute(sa.select(Node.id, Node.production_eligible)).all())
+        assert eligible == {"n-eligible": False, "n-not": False}
+        events = db.session.scalars(sa.select(AuditEvent)).all()
+        assert [(event.actor, event.action, event.node_id) for event in events] == [
+            ("system", "node.production_eligibility_cleared", "n-eligible")
+        ]
+        assert events[0].details == {"reasons": ["acceptance evidence introduced (V1)"]}
+        assert abs((utcnow() - events[0].at).total_seconds()) < 60
+        db.session.remove()
         db.engine.dispose()
 
 
