@@ -626,24 +626,45 @@ def test_production_eligible_is_refused_until_validated_and_audited_when_set(app
     assert eligibility(client, node_id, True).status_code == 200
 
 
-@pytest.mark.parametrize("contradiction", ["gpus_changed", "nvidia_smi_disagrees", "container_unhardened"])
-def test_a_later_contradiction_clears_production_eligible_audited(app, client, node, contradiction):
+@pytest.mark.parametrize(
+    ("regression", "reason"),
+    [
+        ("gpus_changed", "GPU UUIDs changed"),
+        ("nvidia_smi_disagrees", "gpu_facts contradicted"),
+        ("nvidia_smi_gone", "gpu_facts missing"),
+        ("container_unhardened", "container_status contradicted"),
+        ("read_back_secret_at_upload", "node_api_output contradicted"),
+        ("read_back_secret_at_paste", "node_api_output contradicted"),
+    ],
+)
+def test_whatever_un_validates_the_node_clears_production_eligible_audited(app, client, node, regression, reason):
+    """Any recording that leaves the node not validated clears the flag, with why, whichever item regressed."""
     node_id, credential = node["node_id"], node["credential"]
     gather_everything(app, client, node)
     assert eligibility(client, node_id, True).status_code == 200
-    if contradiction == "gpus_changed":
+    if regression.startswith("read_back_secret"):
+        with app.app_context():  # the read-back now carries the node's credential
+            db.session.get(Node, node_id).labels = {"note": "pasted " + credential}
+            db.session.commit()
+    if regression == "gpus_changed":
         publish(client, credential, gpus=[factories.gpu(GPU_B)], start_id="2" * 32)
-    elif contradiction == "nvidia_smi_disagrees":
+    elif regression == "nvidia_smi_disagrees":
         publish(client, credential, smi={"output": smi_line(factories.gpu(name="NVIDIA RTX A6000"))}, start_id="2" * 32)
-    else:
+    elif regression == "nvidia_smi_gone":  # a restart without the NVIDIA container toolkit's nvidia-smi
+        publish(client, credential, smi={"problem": "nvidia-smi not found"}, start_id="3" * 32)
+    elif regression == "container_unhardened":
         paste(client, node_id, json.dumps(docker_inspect(HostConfig__ReadonlyRootfs=False)))
+    elif regression == "read_back_secret_at_upload":
+        assert upload(client, node_id, png(5, 5)).status_code == 201
+    else:
+        assert paste(client, node_id, json.dumps(docker_inspect())).status_code == 201
     result = checklist(client, node_id)
     assert result["validated"] is False and result["production_eligible"] is False
     with app.app_context():
-        cleared = db.session.scalar(
+        cleared = db.session.scalars(
             sa.select(AuditEvent).where(AuditEvent.action == "node.production_eligibility_cleared")
-        )
-        assert cleared is not None and cleared.node_id == node_id and cleared.details["reasons"]
+        ).all()
+        assert len(cleared) == 1 and cleared[0].node_id == node_id and reason in cleared[0].details["reasons"]
     assert eligibility(client, node_id, True).status_code == 409
 
 

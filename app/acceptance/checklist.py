@@ -607,22 +607,32 @@ def after_inventory(
             actor,
         )
     capture_node_api_output(node.id)
-    if not node.production_eligible:
-        return
     reasons = []
     if sorted(gpus_before) != sorted(gpus_after):
         reasons.append("GPU UUIDs changed")
     if restart_contradicted:
         reasons.append("restart identity differs")
+    recheck(node, actor, reasons)
+
+
+def recheck(node: Node, actor: str, reasons: list[str] = ()) -> None:
+    """V1's rule, after evidence is recorded (the caller commits): a node no longer validated is not eligible.
+
+    Every recording path (an inventory, a paste, an upload) calls this once, last, with the node it
+    locked: whichever item regressed — contradicted, or gone back to missing (nvidia-smi lost after a
+    restart) — production_eligible goes false, audited with `reasons` and every item not observed.
+    """
+    if not node.production_eligible:
+        return
     db.session.flush()
     checklist = evaluate(node.id)
-    reasons += [f"{item.name} contradicted" for item in checklist.items if item.state == CONTRADICTED]
-    if reasons:
-        clear_eligibility(node, sorted(set(reasons)), actor)
+    if not checklist.validated:
+        found = [f"{item.name} {item.state}" for item in checklist.items if item.state != OBSERVED]
+        clear_eligibility(node, sorted({*reasons, *found}), actor)
 
 
 def clear_eligibility(node: Node, reasons: list[str], actor: str) -> None:
-    """A contradiction un-validates the node: production_eligible goes false, audited with why (caller commits)."""
+    """production_eligible goes false, audited with why (caller commits); nothing when it already is."""
     if node.production_eligible:
         node.production_eligible = False
         audit.record(actor, ELIGIBILITY_CLEARED, node.id, reasons=reasons)

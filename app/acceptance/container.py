@@ -274,7 +274,8 @@ def checks(seen: dict[str, object], expected_image: dict[str, object] | None) ->
 def record_container_status(node_id: str, inspect_text: str, actor: str) -> checklist.Item:
     """Check and keep a pasted inspect of the node-agent container; INSPECT_INVALID / INSPECT_TOO_LARGE on bad input.
 
-    Any failed check makes the item contradicted, and clears production_eligible (audited).
+    Any failed check makes the item contradicted; a node no longer validated loses production_eligible
+    (checklist.recheck, audited).
     """
     node = checklist.lock_node(node_id)
     document = parse(inspect_text)
@@ -298,8 +299,7 @@ def record_container_status(node_id: str, inspect_text: str, actor: str) -> chec
         {"checks": results, "failed": failed, "container": seen},
     )
     checklist.store(node_id, item, actor)
-    if failed:
-        checklist.clear_eligibility(node, [f"container_status failed {', '.join(failed)}"], actor)
     checklist.capture_node_api_output(node_id)
+    checklist.recheck(node, actor, [f"container_status failed {', '.join(failed)}"] if failed else [])
     db.session.commit()
     return item

@@ -155,7 +155,7 @@ def add_screenshot(node_id: str, filename: str, data: bytes, actor: str) -> Scre
     from app import audit
     from app.acceptance import checklist
 
-    checklist.lock_node(node_id)
+    node = checklist.lock_node(node_id)
     if len(data) > MAX_SCREENSHOT_BYTES:
         raise too_large(len(data))
     try:
@@ -212,6 +212,7 @@ def add_screenshot(node_id: str, filename: str, data: bytes, actor: str) -> Scre
             sha256=digest,
         )
         checklist.capture_node_api_output(node_id)
+        checklist.recheck(node, actor)
         db.session.commit()
     except BaseException:
         db.session.rollback()
