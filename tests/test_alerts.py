@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from app import audit, create_app, liveness
 from app.alerts import deliveries, messages, sender
 from app.alerts import sweep as alerts
+from app.alerts import targets as alert_targets
 from app.alerts.targets import split_urls, targets_for
 from app.config import ConfigError, current_settings, load_settings
 from app.extensions import db
@@ -101,8 +102,8 @@ def alert_app(database_url, tmp_path, receiver):
 
 
 def targets(app):
-    settings = current_settings(app)
-    return targets_for(settings.alert_urls, settings.secret_key)
+    """The app's configured targets (called inside its app context, as the sweep is)."""
+    return alert_targets.configured(current_settings(app))
 
 
 def sweep(app) -> dict[str, int]:
@@ -187,11 +188,11 @@ def test_the_alert_sweep_is_scheduled_only_while_targets_are_configured(tmp_path
 
 
 def test_targets_are_labelled_masked_and_keyed_without_the_url():
-    (target,) = targets_for(("json://alerts:pw-Secret9@127.0.0.1:8080/hooks/topic-secret",), "key")
+    (target,) = targets_for(("json://alerts:pw-Secret9@127.0.0.1:8080/hooks/topic-secret",), b"salt")
     assert target.label == "json://alerts:****@127.0.0.1:8080/.../t...t"  # short segments: nothing shown
     assert "pw-Secret9" not in target.key and len(target.key) == 64
     assert "pw-Secret9" not in repr(target)
-    (ntfy,) = targets_for(("ntfy://ntfy.sh/my-private-topic",), "key")
+    (ntfy,) = targets_for(("ntfy://ntfy.sh/my-private-topic",), b"salt")
     assert ntfy.label == "ntfy://ntfy.sh/m...c"  # the topic is ntfy's secret; apprise shows it
 
 
@@ -317,11 +318,65 @@ def test_a_transition_queued_by_two_schedulers_at_once_is_one_delivery(alert_app
 
 def test_a_replica_that_lacks_a_target_leaves_its_deliveries_to_the_replicas_that_have_it(alert_app, receiver):
     record(alert_app, "node.offline", "n-1", previous="stale")
-    other = targets_for(("json://127.0.0.1:9/elsewhere",), current_settings(alert_app).secret_key)
     with alert_app.app_context():
+        other = targets_for(("json://127.0.0.1:9/elsewhere",), alert_targets.target_salt())
         assert deliveries.enqueue_new(targets(alert_app)) == 1
         assert deliveries.claim_next(other) is None and deliveries.claim_next(()) is None
     assert sweep(alert_app)["sent"] == 1 and receiver.titles() == ["Node offline: node n-1"]
+
+
+def test_replicas_with_different_secret_keys_send_one_alert_and_share_its_history(
+    database_url, tmp_path, alert_app, receiver
+):
+    # Each replica generates its own instance/secret-key unless one is set; a rotated key is the
+    # same case. A target is named alike by all of them, so the second replica's sweep finds the
+    # delivery already queued and sent, and its settings page shows it.
+    (tmp_path / "b").mkdir()
+    other = create_app(
+        app_env(
+            database_url, tmp_path / "b", MODELFORGE_ALERT_URLS=receiver.url(), MODELFORGE_SECRET_KEY="replica-b-key"
+        )
+    )
+    assert current_settings(other).secret_key != current_settings(alert_app).secret_key
+    record(alert_app, "node.offline", "n-1", previous="online")
+    assert sweep(alert_app)["sent"] == 1
+    assert sweep(other) == {"queued": 0, "sent": 0, "retrying": 0, "failed": 0}
+    assert receiver.titles() == ["Node offline: node n-1"]
+    client = other.test_client()
+    assert sign_in(client).status_code == 302
+    page = client.get("/settings").get_data(as_text=True)
+    assert "node.offline" in page and ">sent<" in page
+    with other.app_context():
+        db.session.remove()
+        db.engine.dispose()
+
+
+def test_replicas_that_first_ask_at_once_agree_on_the_one_target_salt(database_url, tmp_path):
+    apps = []
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        apps.append(create_app(app_env(database_url, tmp_path / name, MODELFORGE_SECRET_KEY=f"key-{name}")))
+    barrier, salts, errors = threading.Barrier(len(apps)), [], []
+
+    def first_ask(application):
+        try:
+            with application.app_context():
+                barrier.wait()
+                salts.append(alert_targets.target_salt())
+        except Exception as error:  # the assertion below reports it
+            errors.append(error)
+
+    threads = [threading.Thread(target=first_ask, args=(application,)) for application in apps]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == [] and len(salts) == 3 and len(set(salts)) == 1 and len(salts[0]) == 8
+    for application in apps:
+        with application.app_context():
+            assert alert_targets.target_salt() == salts[0]  # cached, and what the database holds
+            db.session.remove()
+            db.engine.dispose()
 
 
 def test_history_from_before_alerts_ran_is_not_sent(alert_app, receiver):

@@ -1,10 +1,10 @@
 """Alerts end to end (O2): two control planes, four gunicorn workers each, on one PostgreSQL, a real
 agent on the fake NVML, and a real receiver that apprise's `json://` posts to.
 
-Each transition is notified exactly once although both replicas' schedulers sweep the same audit
-trail; a notification the receiver could not take while it was down arrives once it is back; and
-no payload, log or stored error carries the enrolment token, the node credential, the operator
-key or the target's own secret.
+Each transition is notified exactly once although both replicas' schedulers, each with its own
+secret key, sweep the same audit trail; a notification the receiver could not take while it was
+down arrives once it is back; and no payload, log or stored error carries the enrolment token,
+the node credential, the operator key or the target's own secret.
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ def wait_until(condition, what: str, timeout: float = 30.0) -> None:
     raise AssertionError(f"not within {timeout}s: {what}")
 
 
+def node_status(url: str, node_id: str) -> str:
+    return requests.get(f"{url}/api/v1/hardware/nodes/{node_id}", headers=ADMIN, timeout=10).json()["status"]
+
+
 def failed_attempts(database_url: str, action: str) -> list[tuple[int, str | None]]:
     engine = sa.create_engine(database_url)
     with engine.connect() as connection:
@@ -81,8 +85,17 @@ def test_two_control_planes_alert_once_per_transition_and_deliver_after_the_rece
     planes = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
+        # Each replica with its own secret key, as each generates one by default: targets are
+        # named by the database's salt, so both still queue the same one delivery per transition.
         planes.append(
-            GunicornServer(postgres_database, tmp_path / name, workers=4, MODELFORGE_ALERT_URLS=receiver.url(), **FAST)
+            GunicornServer(
+                postgres_database,
+                tmp_path / name,
+                workers=4,
+                MODELFORGE_ALERT_URLS=receiver.url(),
+                MODELFORGE_SECRET_KEY=f"replica-{name}-secret-key",
+                **FAST,
+            )
         )
     first, second = planes
     agents: list[AgentProcess] = []
@@ -105,6 +118,9 @@ def test_two_control_planes_alert_once_per_transition_and_deliver_after_the_rece
         agent.wait_for(r"inventory published")
         node_id, credential = agent.node_id(), agent.credential()
         wait_until(lambda: ENROLLED in receiver.titles(), "the enrolment alert")
+        # The first heartbeat follows the inventory: a node killed before it was never online,
+        # so it could never go offline.
+        wait_until(lambda: node_status(first.url, node_id) == "online", "the node's first heartbeat")
 
         agent.process.kill()  # no goodbye: the liveness sweep notices, the alert sweep follows
         agent.process.wait()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from app.alerts import deliveries, sender
-from app.alerts.targets import targets_for
+from app.alerts import targets as alert_targets
 from app.config import Settings
 from app.models import AlertDeliveryState
 
@@ -19,7 +19,7 @@ log = logging.getLogger("modelforge.alerts")
 
 def sweep(settings: Settings) -> dict[str, int]:
     """Queue and send; counts of what was queued, sent, left to retry and given up."""
-    targets = targets_for(settings.alert_urls, settings.secret_key)
+    targets = alert_targets.configured(settings)  # before any write: it may create the salt
     counts = {"queued": deliveries.enqueue_new(targets), "sent": 0, "retrying": 0, "failed": 0}
     for _ in range(deliveries.BATCH):
         claimed = deliveries.claim_next(targets)

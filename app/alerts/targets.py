@@ -2,8 +2,12 @@
 
 An apprise URL carries its service's secret (a webhook token, a password, a topic), so the URL
 itself is only ever handed to apprise: the console, the logs and the database see the label
-apprise prints with `privacy=True`, and deliveries are keyed by an HMAC of the URL under the
-control plane's secret key, which names the target without revealing it.
+apprise prints with `privacy=True`, and deliveries are keyed by an HMAC of the URL under a random
+salt kept in the database, which names the target without revealing it.
+
+The salt is the database's, not the control plane's secret key: every replica (each may have its
+own MODELFORGE_SECRET_KEY) must name a target alike, or each would queue and send its own copy of
+every alert, and rotating the secret key would orphan pending retries and the settings page's history.
 """
 
 from __future__ import annotations
@@ -12,11 +16,19 @@ import hashlib
 import hmac
 import logging
 import re
+import secrets
 from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import urlsplit
 
 import apprise
+import sqlalchemy as sa
+from flask import current_app
+
+from app.config import Settings
+from app.db import READ_ONLY, insert_ignoring_duplicates
+from app.extensions import db
+from app.models import AlertCursor
 
 # Apprise's own log lines can quote a service's reply or a URL; they go nowhere but the capture
 # in app.alerts.sender, so nothing it says reaches the control plane's log unfiltered.
@@ -88,13 +100,51 @@ def unreadable(urls: list[str]) -> list[tuple[int, str]]:
 
 
 @lru_cache(maxsize=8)
-def targets_for(urls: tuple[str, ...], secret_key: str) -> tuple[Target, ...]:
+def targets_for(urls: tuple[str, ...], salt: bytes) -> tuple[Target, ...]:
     """The configured targets, in the order given; a URL listed twice is one target."""
     found: dict[str, Target] = {}
     for url in urls:
         plugin = _plugin(url)
         if plugin is None:  # refused at start-up (app.config); never reached in a running app
             continue
-        key = hmac.new(secret_key.encode(), url.encode(), hashlib.sha256).hexdigest()
+        key = hmac.new(salt, url.encode(), hashlib.sha256).hexdigest()
         found.setdefault(key, Target(key=key, label=label_of(plugin), url=url))
     return tuple(found.values())
+
+
+# The salt lives in the alert sweep's own state table, beside its cursor: a row of its own whose
+# number is 63 random bits, so no schema of its own is needed.
+SALT_ROW = "target-salt"
+_SALT_CACHE = "modelforge.alert_target_salt"
+_cursor = AlertCursor.__table__
+
+
+def target_salt() -> bytes:
+    """This database's key for target digests, created by whichever process asks first.
+
+    `INSERT … ON CONFLICT DO NOTHING`, then read back: two replicas that race both read the row
+    that won, so every process of every replica keys a target alike. Cached per app (process) once
+    read; it is made on connections of its own, committed at once, so call it before the
+    request's session writes (the sweep and the settings page do: it never waits on their lock).
+    """
+    cached = current_app.extensions.get(_SALT_CACHE)
+    if cached is not None:
+        return cached
+    read = sa.select(_cursor.c.last_audit_event_id).where(_cursor.c.name == SALT_ROW)
+    with db.engine.connect().execution_options(**{READ_ONLY: True}) as connection:
+        value = connection.execute(read).scalar()
+    if value is None:
+        with db.engine.begin() as connection:
+            connection.execute(
+                insert_ignoring_duplicates(_cursor)[connection.dialect.name],
+                {"name": SALT_ROW, "last_audit_event_id": secrets.randbits(63)},
+            )
+            value = connection.execute(read).scalar_one()
+    salt = value.to_bytes(8, "big")
+    current_app.extensions[_SALT_CACHE] = salt
+    return salt
+
+
+def configured(settings: Settings) -> tuple[Target, ...]:
+    """The targets of `settings`, keyed under this database's salt (an app context is needed)."""
+    return targets_for(settings.alert_urls, target_salt()) if settings.alert_urls else ()

@@ -12,7 +12,7 @@ from flask_wtf import FlaskForm
 
 from app import audit
 from app.alerts import deliveries, messages
-from app.alerts.targets import targets_for
+from app.alerts import targets as alert_targets
 from app.config import current_settings
 from app.console import bp, page_or_partial
 from app.console.auth import login_required
@@ -25,8 +25,7 @@ class TestAlertForm(FlaskForm):
 
 
 def _targets():
-    settings = current_settings()
-    return targets_for(settings.alert_urls, settings.secret_key)
+    return alert_targets.configured(current_settings())
 
 
 def _panel(status: int = 200, notice: str | None = None):
