@@ -271,6 +271,35 @@ def test_every_alerting_transition_is_sent_once_to_the_receiver(alert_app, recei
     assert all(row.state == AlertDeliveryState.SENT and row.attempts == 1 for row in delivery_rows(alert_app))
 
 
+def test_a_node_back_from_stale_sends_nothing_and_one_back_from_offline_says_so_once(alert_app, receiver):
+    client = alert_app.test_client()
+    headers = factories.bearer(factories.enrolled_node(client)["credential"])
+
+    def heartbeat():
+        assert (
+            client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=headers).status_code == 200
+        )
+
+    heartbeat()
+    with alert_app.app_context():
+        settings = current_settings(alert_app)
+        stale_at = utcnow() + timedelta(seconds=settings.node_stale_after_seconds + 1)
+        assert liveness.sweep(settings, now=stale_at) == {"stale": 1, "offline": 0}
+    heartbeat()  # stale → online: audited as node.returned, but no offline alert came before it
+    assert sweep(alert_app)["sent"] == 1
+    assert receiver.titles() == ["Node enrolled: GPU Node"]
+
+    with alert_app.app_context():
+        offline_at = utcnow() + timedelta(seconds=settings.node_offline_after_seconds + 1)
+        assert liveness.sweep(settings, now=offline_at)["offline"] == 1
+    heartbeat()  # offline → online
+    assert sweep(alert_app)["sent"] == 2
+    assert receiver.titles() == ["Node enrolled: GPU Node", "Node offline: GPU Node", "Node back online: GPU Node"]
+    with alert_app.app_context():
+        returns = db.session.scalars(sa.select(AuditEvent).where(AuditEvent.action == "node.returned")).all()
+        assert sorted(event.details["previous"] for event in returns) == ["offline", "stale"]
+
+
 def test_a_job_failed_by_its_agent_alerts_with_type_and_code_but_not_the_agents_message(alert_app, receiver):
     client = alert_app.test_client()
     enrolled = factories.enrolled_node(client)

@@ -92,6 +92,19 @@ def _enqueue(target: Target, events: sa.Select, now: datetime) -> int:
     return len(db.session.execute(statement.returning(_deliveries.c.id)).all())
 
 
+def _alerting() -> sa.ColumnElement[bool]:
+    """The audit events that alert: an alerting action, and a node's return only from offline.
+
+    A node that missed a heartbeat or two (stale, never offline) sent no "offline" alert, so its
+    return sends none either: a flapping link must not page a phone with "back online" alone.
+    """
+    previous = _events.c.details["previous"].as_string()  # ->> on PostgreSQL, JSON_EXTRACT on SQLite
+    return sa.and_(
+        _events.c.action.in_(messages.ALERT_ACTIONS),
+        sa.or_(_events.c.action != "node.returned", previous == messages.RETURNED_ALERTS_FROM),
+    )
+
+
 def enqueue_event(event_id: int, targets: Iterable[Target], now: datetime | None = None) -> int:
     """Queue one audited event (the test alert) for every target now; the caller commits."""
     now = now or utcnow()
@@ -113,7 +126,7 @@ def enqueue_new(targets: Iterable[Target], now: datetime | None = None) -> int:
     selected = (
         sa.select(_events.c.id, _events.c.action)
         .where(
-            _events.c.action.in_(messages.ALERT_ACTIONS),
+            _alerting(),
             _events.c.at >= now - MAX_EVENT_AGE,
             sa.or_(_events.c.id > cursor, _events.c.at >= now - REORDER_WINDOW),
         )

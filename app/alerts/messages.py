@@ -16,6 +16,9 @@ from app.timeutil import isoformat
 TEST_ACTION = "alert.test"
 # O2: the transitions that alert, in the words of the audit trail that drives them.
 ALERT_ACTIONS = ("node.offline", "node.returned", "job.failed", "credential.revoked", "node.enrolled", TEST_ACTION)
+# node.returned is audited for stale → online as well, a heartbeat or two missed: only a return
+# from offline (which alerted) is "back online" (app.alerts.deliveries selects by it).
+RETURNED_ALERTS_FROM = "offline"
 
 # apprise's notify types: how a phone app colours or ranks the notification.
 INFO, SUCCESS, WARNING, FAILURE = "info", "success", "warning", "failure"
