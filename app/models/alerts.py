@@ -52,7 +52,11 @@ class AlertDelivery(db.Model):
 
 
 class AlertCursor(db.Model):
-    """The newest audit event the alert sweep has looked at (one row, name "audit")."""
+    """The alert sweep's state, a number per name.
+
+    "audit": the newest audit event the sweep has looked at. "target-salt": 63 random bits, made
+    once, that key every target's digest alike on every replica (app.alerts.targets).
+    """
 
     __tablename__ = "alert_cursor"
 
