@@ -9,9 +9,12 @@ operator only; no secret reaches a page. Everything runs on SQLite and PostgreSQ
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
+import os
 import re
+import sqlite3
 import struct
 import zipfile
 import zlib
@@ -440,6 +443,67 @@ def test_an_upload_without_csrf_changes_nothing(app, console, node):
     response = console.post(path, data=body, headers=HTMX, content_type=f"multipart/form-data; boundary={boundary}")
     assert response.status_code == 400 and "Form expired" in response.get_data(as_text=True)
     assert stored(app) == ([], 0)
+
+
+class WatchedBody(io.BytesIO):
+    """A request body that, each time the app reads it, notes whether the database is held by this request.
+
+    A SQLite writer holds BEGIN IMMEDIATE and the writer queue's file lock until it commits, so a
+    view touching the database before reading a slow 6 MiB body would stall every heartbeat.
+    """
+
+    def __init__(self, data: bytes, database_url: str) -> None:
+        super().__init__(data)
+        self.database_url, self.held = database_url, []
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._look()
+        return super().read(size)
+
+    def readinto(self, buffer) -> int:
+        self._look()
+        return super().readinto(buffer)
+
+    def _look(self) -> None:
+        self.held.append(("session in a transaction", db.session().in_transaction()))
+        path = sa.make_url(self.database_url).database
+        if self.database_url.startswith("sqlite"):
+            other = sqlite3.connect(path, timeout=0.05, isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("ROLLBACK")
+                self.held.append(("SQLite write lock", False))
+            except sqlite3.OperationalError:
+                self.held.append(("SQLite write lock", True))
+            finally:
+                other.close()
+            descriptor = os.open(f"{path}.writer-lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.held.append(("writer queue", False))
+            except BlockingIOError:
+                self.held.append(("writer queue", True))
+            finally:
+                os.close(descriptor)
+
+
+@pytest.mark.parametrize("route", ["screenshots", "container-status"])
+def test_the_body_is_read_before_the_database_is_touched(app, console, node, database_url, route):
+    """An upload's body (up to 6 MiB, however slow the client) is read with no write transaction held."""
+    if route == "screenshots":
+        fields = {"screenshot": image_file(png(), "shot.png"), "csrf_token": console.csrf}
+    else:
+        fields = {"inspect": inspect_text(), "csrf_token": console.csrf}
+    boundary, body = encode_multipart(fields)
+    watched = WatchedBody(body, database_url)
+    response = console.post(
+        f"/hardware/nodes/{node['id']}/acceptance/{route}",
+        input_stream=watched,
+        headers={**HTMX, "Content-Length": str(len(body))},
+        content_type=f"multipart/form-data; boundary={boundary}",
+    )
+    assert response.status_code in (200, 201), response.get_data(as_text=True)[:500]
+    assert watched.held and not [what for what, held in watched.held if held], watched.held
 
 
 def test_outside_htmx_an_upload_goes_back_to_the_page_with_the_outcome(console, node):

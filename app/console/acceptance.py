@@ -124,11 +124,15 @@ def _back_to_page(node_id: str, message: str):
 @bp.post("/hardware/nodes/<node_id>/acceptance/container-status")
 @login_required
 def acceptance_container_status(node_id: str):
-    """V1: check a pasted `docker inspect`; a refusal shows its reason under the text, which stays."""
-    node = get_node(node_id)
+    """V1: check a pasted `docker inspect`; a refusal shows its reason under the text, which stays.
+
+    The form (its body) is read and checked before the database is touched: see acceptance_upload.
+    """
     form = InspectForm()
+    submitted = form.validate_on_submit()
+    node = get_node(node_id)
     status = 422
-    if form.validate_on_submit():
+    if submitted:
         try:
             item = acceptance.record_container_status(node_id, form.inspect.data, OPERATOR)
         except DomainError as error:
@@ -171,19 +175,24 @@ def acceptance_upload(node_id: str):
     reads the form, so the body, before any view could raise it: this route is exempt from the
     app-wide check and runs the same check itself, after sign-in and after raising the limit to
     the upload's. A body over that limit is refused by its Content-Length, unread, naming the limit.
+
+    The body (up to 6 MiB, as slowly as the client sends it) is read before the database is
+    touched: on SQLite the first query opens a write transaction (BEGIN IMMEDIATE and the writer
+    queue), which would hold up every heartbeat for as long as the upload takes.
     """
-    node = get_node(node_id)
     limit = acceptance.MAX_SCREENSHOT_BYTES
     too_large = f"The file is larger than the limit of {human_bytes(limit)}; nothing was stored."
     if request.content_length is not None and request.content_length > MAX_UPLOAD_REQUEST_BYTES:
-        return _upload_refused(node, ScreenshotForm(formdata=None), 413, too_large)
+        return _upload_refused(get_node(node_id), ScreenshotForm(formdata=None), 413, too_large)
     request.max_content_length = MAX_UPLOAD_REQUEST_BYTES
     csrf.protect()  # a CSRFError goes to the app's handler: "Form expired", nothing changed
     form = ScreenshotForm()
-    if not form.validate_on_submit():
+    submitted = form.validate_on_submit()
+    upload = form.screenshot.data if submitted else None
+    data = upload.read(limit + 1) if upload is not None else b""
+    node = get_node(node_id)  # the body is read: only now the database
+    if not submitted:
         return _upload_refused(node, form, 422)
-    upload = form.screenshot.data
-    data = upload.read(limit + 1)
     try:
         shot = acceptance.add_screenshot(node_id, upload.filename or "", data, OPERATOR)
     except DomainError as error:
