@@ -420,6 +420,20 @@ def dump_database(app) -> str:
         ({"HostConfig__Privileged": True}, "not_privileged"),
         ({"HostConfig__PortBindings": {"8080/tcp": [{"HostIp": "", "HostPort": "8080"}]}}, "no_published_ports"),
         ({"HostConfig__Binds": ["/var/run/docker.sock:/var/run/docker.sock"]}, "no_container_socket"),
+        # A directory holding an engine's socket hands the socket over as well.
+        ({"HostConfig__Binds": ["/var/run:/host/run:ro"]}, "no_container_socket"),
+        ({"HostConfig__Binds": ["/run/:/host/run"]}, "no_container_socket"),
+        ({"HostConfig__Binds": ["/run/podman:/run/podman"]}, "no_container_socket"),
+        ({"HostConfig__Binds": ["/run/user/1000:/run/user/1000"]}, "no_container_socket"),
+        ({"HostConfig__Binds": ["/:/host:ro"]}, "no_container_socket"),
+        (
+            {"Mounts": [{"Type": "bind", "Source": "/var/run/docker", "Destination": "/d", "RW": False}]},
+            "no_container_socket",
+        ),
+        (
+            {"Mounts": [{"Type": "bind", "Source": "/run/user/1000/podman", "Destination": "/p", "RW": True}]},
+            "no_container_socket",
+        ),
     ],
 )
 def test_each_missing_hardening_flag_contradicts_the_container_status(client, node, change, failed):
@@ -428,6 +442,35 @@ def test_each_missing_hardening_flag_contradicts_the_container_status(client, no
     body = response.get_json()
     assert body["state"] == "contradicted" and body["evidence"]["failed"] == [failed]
     assert failed in body["detail"]
+
+
+def test_unrelated_host_paths_are_not_taken_for_a_socket(client, node):
+    binds = ["/srv/models:/models:ro", "/var/lib/modelforge:/data", "/run-data:/x", "/home/runner:/h"]
+    response = paste(client, node["node_id"], json.dumps(docker_inspect(HostConfig__Binds=binds)))
+    assert response.get_json()["state"] == "observed", response.get_json()["detail"]
+
+
+def test_secrets_in_the_kept_projection_are_removed_too(app, client, node):
+    """Label values, mount sources and the image name pass through the same scrub as the read-back (P2)."""
+    node_id, credential = node["node_id"], node["credential"]
+    with app.app_context():
+        from app.models import Credential
+
+        digest = db.session.scalar(sa.select(Credential.token_hash).where(Credential.node_id == node_id))
+    operator_key = ADMIN["X-ModelForge-Admin-Token"]
+    document = docker_inspect(
+        Config__Image=f"registry.example/agent:{digest}",
+        Config__Labels={"com.example.note": f"installed with {credential}", "owner": f"ops {operator_key}"},
+        Mounts=[{"Type": "volume", "Source": f"/var/lib/{digest}/state", "Destination": "/data/state", "RW": True}],
+    )
+    response = paste(client, node_id, json.dumps(document))
+    assert response.status_code == 201, response.get_json()
+    container = response.get_json()["evidence"]["container"]
+    assert container["labels"] == {"com.example.note": "[removed]", "owner": "[removed]"}
+    assert container["image"] == "[removed]" and container["mounts"][0]["source"] == "[removed]"
+    dumped = dump_database(app) + json.dumps(checklist(client, node_id))
+    for secret in (credential, operator_key, f"/var/lib/{digest}", f"agent:{digest}"):
+        assert secret not in dumped
 
 
 def test_the_image_must_be_the_one_a_release_enrolment_named(app, client, node):

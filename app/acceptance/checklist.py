@@ -500,7 +500,7 @@ def capture_node_api_output(node_id: str) -> Item:
     described = nodes.describe([node_id], current_settings())
     if not described:
         nodes.get(node_id)
-    document, findings = secrets_scan.scrub_read_back(described[0], node_id)
+    document, findings = secrets_scan.scrub_evidence(described[0], node_id)
     now = utcnow()
     if findings:
         item = Item(

@@ -9,6 +9,8 @@ without secret-looking values, no command line — so nothing secret in the past
 from __future__ import annotations
 
 import json
+import posixpath
+import re
 
 import sqlalchemy as sa
 
@@ -26,6 +28,22 @@ COMPOSE_FILE = "docker-compose.node-agent.yml"
 SERVICE = "node-agent"
 RESTART_POLICIES = ("unless-stopped", "always")
 SOCKETS = ("docker.sock", "podman.sock", "containerd.sock")
+# Where the engines keep their sockets ("*" is a user's id): mounting one of these paths or any
+# directory above it (/run, /var/run, /run/podman, /run/user/1000, /var/run/docker, / …) hands the
+# container the socket as surely as mounting the socket itself.
+SOCKET_PATHS = (
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+    "/run/docker/containerd/containerd.sock",
+    "/var/run/docker/containerd/containerd.sock",
+    "/run/podman/podman.sock",
+    "/var/run/podman/podman.sock",
+    "/run/containerd/containerd.sock",
+    "/var/run/containerd/containerd.sock",
+    "/run/user/*/docker.sock",
+    "/run/user/*/podman/podman.sock",
+)
+_USER_RUN = re.compile(r"^/run/user/[0-9]+(?=/|$)")
 MAX_LISTED = 64
 # The capabilities Docker and podman grant by default (podman already drops the first three): a
 # container that dropped all of these and added none runs with none.
@@ -170,6 +188,19 @@ def project(document: dict[str, object]) -> dict[str, object]:
     return projected
 
 
+def _exposes_socket(where: object) -> bool:
+    """Whether a mount source or bind ("src:dst[:opts]") is an engine's socket or a directory holding one."""
+    if not isinstance(where, str) or not where.strip():
+        return False
+    source = where.split(":")[0].strip()
+    if source.rstrip("/").endswith(SOCKETS):
+        return True
+    if not source.startswith("/"):
+        return False  # a named volume
+    source = _USER_RUN.sub("/run/user/*", posixpath.normpath("/" + source.lstrip("/")))
+    return any(path == source or path.startswith(source.rstrip("/") + "/") for path in SOCKET_PATHS)
+
+
 def _release_image(node_id: str) -> dict[str, object] | None:
     """The agent image the node's enrolment named from a release manifest or a pinned digest, if any (D5)."""
     stored = db.session.scalar(
@@ -240,7 +271,7 @@ def checks(seen: dict[str, object], expected_image: dict[str, object] | None) ->
     sockets = [
         where
         for where in [mount["source"] for mount in seen["mounts"]] + [str(bind) for bind in seen["binds"]]
-        if isinstance(where, str) and where.rstrip("/").split(":")[0].endswith(SOCKETS)
+        if _exposes_socket(where)
     ]
     ports = {port: bound for port, bound in seen["port_bindings"].items() if bound not in ("null", "[]")}
     ports |= seen["published_ports"]
@@ -282,6 +313,10 @@ def record_container_status(node_id: str, inspect_text: str, actor: str) -> chec
     seen = project(document)
     results = checks(seen, _release_image(node_id))
     failed = [result["check"] for result in results if not result["passed"]]
+    # P2: what is kept (label values, mount sources, the image, what each check saw) is scrubbed of
+    # the node's known secrets and anything token-shaped, as the read-back is.
+    evidence, _ = secrets_scan.scrub_evidence({"checks": results, "failed": failed, "container": seen}, node_id)
+    seen = evidence["container"]
     item = checklist.Item(
         checklist.CONTAINER_STATUS,
         checklist.TITLES[checklist.CONTAINER_STATUS],
@@ -296,7 +331,7 @@ def record_container_status(node_id: str, inspect_text: str, actor: str) -> chec
             "no published ports, no container-engine socket"
             + (", the enrolled image." if results[-1]["applies"] else ".")
         ),
-        {"checks": results, "failed": failed, "container": seen},
+        evidence,
     )
     checklist.store(node_id, item, actor)
     checklist.capture_node_api_output(node_id)

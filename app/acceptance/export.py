@@ -29,7 +29,7 @@ def report(node_id: str) -> tuple[dict[str, object], list[tuple[str, uploads.Scr
 
     result = checklist.evaluate(node_id)
     described = nodes.describe([node_id], current_settings())
-    node, _ = secrets_scan.scrub_read_back(described[0] if described else {}, node_id)
+    node, _ = secrets_scan.scrub_evidence(described[0] if described else {}, node_id)
     shots = [(f"screenshots/{uploads.file_name(shot)}", shot) for shot in uploads.screenshots(node_id)]
     document = {
         "generated_at": isoformat(utcnow()),

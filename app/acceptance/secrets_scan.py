@@ -57,8 +57,12 @@ def scrub(value: object, known: set[str], path: str = "", findings: list[str] | 
     return value
 
 
-def scrub_read_back(document: dict[str, object], node_id: str) -> tuple[dict[str, object], list[str]]:
-    """The node's read-back without anything secret, and where something secret was found ([] when clean)."""
+def scrub_evidence(document: dict[str, object], node_id: str) -> tuple[dict[str, object], list[str]]:
+    """Evidence about a node (its read-back, a pasted inspect's projection) without anything secret.
+
+    Removed: the node's known secrets, whole ModelForge tokens, secret-named fields; the paths where
+    something was found are returned too ([] when clean).
+    """
     findings: list[str] = []
     cleaned = scrub(document, _known_secrets(node_id), "", findings)
     return cleaned, findings
