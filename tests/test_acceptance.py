@@ -566,6 +566,20 @@ def test_a_screenshot_is_checked_by_its_bytes_stored_as_a_file_and_served_to_the
         assert [kept.id for kept in acceptance.screenshots(node_id)] == [shot["id"]]
 
 
+@pytest.mark.parametrize("screenshot_id", [2**31, 2**63, 2**64 + 1, 10**30])
+def test_a_screenshot_id_beyond_the_id_range_is_not_found(app, client, node, screenshot_id):
+    """An id no row can have is 404, never an integer overflow in the driver (P5); OpenAPI says the bound."""
+    assert upload(client, node["node_id"], png()).status_code == 201
+    response = client.get(
+        f"/api/v1/admin/nodes/{node['node_id']}/acceptance/screenshots/{screenshot_id}", headers=ADMIN
+    )
+    assert response.status_code == 404 and response.get_json()["error"]["code"] == "SCREENSHOT_NOT_FOUND"
+    spec = client.get("/api/v1/openapi.json").get_json()
+    parameters = spec["paths"]["/api/v1/admin/nodes/{node_id}/acceptance/screenshots/{screenshot_id}"]["parameters"]
+    schema = next(parameter for parameter in parameters if parameter["name"] == "screenshot_id")["schema"]
+    assert schema == {"type": "integer", "minimum": 1, "maximum": 2**31 - 1}
+
+
 @pytest.mark.parametrize(
     ("data", "why"),
     [

@@ -31,6 +31,9 @@ MAX_SCREENSHOT_BYTES = 5 * 2**20
 MAX_UPLOAD_REQUEST_BYTES = MAX_SCREENSHOT_BYTES + 2**20
 MAX_DIMENSION = 32_768
 MAX_FILENAME = 100
+# The largest screenshot id (a 32-bit key): a larger one names no row, and is refused before the
+# database sees it (an integer past 2**63 overflows SQLite's driver). OpenAPI states the same bound.
+MAX_SCREENSHOT_ID = 2**31 - 1
 PNG, JPEG = "image/png", "image/jpeg"
 EXTENSIONS = {PNG: "png", JPEG: "jpg"}
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -249,6 +252,8 @@ def file_name(shot: Screenshot) -> str:
 
 def screenshot_file(node_id: str, screenshot_id: int) -> tuple[Path, str]:
     """The stored file of one screenshot and its content type; 404 SCREENSHOT_NOT_FOUND otherwise."""
+    if not 1 <= screenshot_id <= MAX_SCREENSHOT_ID:
+        raise _not_found(node_id, screenshot_id)
     shot = db.session.get(AcceptanceScreenshot, screenshot_id)
     if shot is None or shot.node_id != node_id:
         raise _not_found(node_id, screenshot_id)

@@ -1066,8 +1066,15 @@ def _acceptance_paths() -> dict:
             ),
         },
         f"{base}/acceptance/screenshots/{{screenshot_id}}": {
-            "parameters": [*node_id, {"name": "screenshot_id", "in": "path", "required": True,
-                                      "schema": {"type": "integer"}}],  # fmt: skip
+            "parameters": [
+                *node_id,
+                {
+                    "name": "screenshot_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": uploads.MAX_SCREENSHOT_ID},
+                },
+            ],
             "get": _admin(
                 {
                     "summary": "One uploaded screenshot's file, to the operator only (V1)",
