@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from app import audit, tokens
+from app.acceptance import checklist as acceptance
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Credential, Enrollment, EnrollmentState, Node, NodeLease
@@ -261,7 +262,10 @@ def claim(request: Claim) -> ClaimResult:
     node.role = enrollment.role
     node.labels = enrollment.labels or {}
     # V1: a node is production eligible only once validated (POST …/production-eligibility); an
-    # enrolment's flag is the operator's request, recorded in the audit, never a bypass.
+    # enrolment's flag is the operator's request, recorded in the audit, never a bypass. A returning
+    # node that was eligible loses it, audited like any other clearing.
+    if returning:
+        acceptance.clear_eligibility(node, ["re-enrolled"], audit.agent_actor(node.id))
     node.production_eligible = False
     node.lab_eligible = enrollment.lab_eligible
     node.benchmark_eligible = enrollment.benchmark_eligible

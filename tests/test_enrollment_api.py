@@ -265,6 +265,21 @@ def test_a_node_with_an_active_credential_cannot_enrol_again_until_revoked(app, 
     assert [e.details["re_enrolled"] for e in events] == [False, True]
 
 
+def test_re_enrolling_a_production_eligible_node_clears_the_flag_audited(app, client):
+    """V1: a re-enrolled node starts ineligible again, and the audit trail says why."""
+    first = factories.enrolled_node(client)
+    node_id = first["node_id"]
+    with app.app_context():
+        db.session.get(Node, node_id).production_eligible = True
+        db.session.commit()
+    assert client.post(f"/api/v1/admin/nodes/{node_id}/credential/revoke", headers=ADMIN).status_code == 200
+    body = factories.enroll_body(factories.mint(client)["token"], node_id=node_id)
+    assert client.post("/api/v1/agent/enroll", json=body).status_code == 201
+    assert [node.production_eligible for node in rows(app, Node)] == [False]
+    cleared = [e for e in rows(app, AuditEvent) if e.action == "node.production_eligibility_cleared"]
+    assert [(e.node_id, e.details["reasons"]) for e in cleared] == [(node_id, ["re-enrolled"])]
+
+
 def test_second_node_id_with_same_hostname_is_flagged(client):
     first = factories.enrolled_node(client, hostname="tower")
     factories.enrolled_node(client, hostname="tower")
