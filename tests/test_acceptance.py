@@ -566,6 +566,21 @@ def test_a_screenshot_is_checked_by_its_bytes_stored_as_a_file_and_served_to_the
         assert [kept.id for kept in acceptance.screenshots(node_id)] == [shot["id"]]
 
 
+def test_the_same_bytes_uploaded_again_restore_a_missing_file(app, client, node):
+    """A kept row whose file went missing (a restore without the instance folder) is made whole again."""
+    node_id, data = node["node_id"], png(7, 7)
+    shot = upload(client, node_id, data).get_json()
+    path = Path(current_settings(app).instance_path) / "acceptance" / node_id / f"{shot['sha256']}.png"
+    path.unlink()
+    address = f"/api/v1/admin/nodes/{node_id}/acceptance/screenshots/{shot['id']}"
+    assert client.get(address, headers=ADMIN).status_code == 404
+    again = upload(client, node_id, data)
+    assert again.status_code == 201 and again.get_json()["id"] == shot["id"]
+    served = client.get(address, headers=ADMIN)
+    assert served.status_code == 200 and served.data == data
+    served.close()
+
+
 @pytest.mark.parametrize("screenshot_id", [2**31, 2**63, 2**64 + 1, 10**30])
 def test_a_screenshot_id_beyond_the_id_range_is_not_found(app, client, node, screenshot_id):
     """An id no row can have is 404, never an integer overflow in the driver (P5); OpenAPI says the bound."""

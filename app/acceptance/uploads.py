@@ -150,10 +150,27 @@ def directory(node_id: str) -> Path:
     return Path(current_settings().instance_path) / "acceptance" / node_id
 
 
+def _write_file(path: Path, data: bytes) -> bool:
+    """Store the bytes at `path` atomically unless a file is already there; whether it was written."""
+    if path.is_file():
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".upload-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except OSError:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return True
+
+
 def add_screenshot(node_id: str, filename: str, data: bytes, actor: str) -> Screenshot:
     """Keep an uploaded screenshot; 413 SCREENSHOT_TOO_LARGE or 400 SCREENSHOT_NOT_IMAGE store nothing.
 
-    The same bytes uploaded twice for one node are kept once (the existing row is returned).
+    The same bytes uploaded twice for one node are kept once (the existing row is returned, its
+    file written again if it went missing).
     """
     from app import audit
     from app.acceptance import checklist
@@ -175,22 +192,13 @@ def add_screenshot(node_id: str, filename: str, data: bytes, actor: str) -> Scre
             AcceptanceScreenshot.node_id == node_id, AcceptanceScreenshot.sha256 == digest
         )
     )
+    path = directory(node_id) / f"{digest}.{EXTENSIONS[facts.content_type]}"
     if existing is not None:
+        # The row is kept; its file may not be (a restore without the instance folder): write it again.
+        _write_file(path, data)
         db.session.rollback()
         return existing
-    folder = directory(node_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{digest}.{EXTENSIONS[facts.content_type]}"
-    created = not path.exists()
-    if created:
-        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".upload-")
-        try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(data)
-            os.replace(temporary, path)
-        except OSError:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+    created = _write_file(path, data)
     shot = AcceptanceScreenshot(
         node_id=node_id,
         filename=safe_filename(filename, facts.content_type),
