@@ -861,3 +861,14 @@ def test_the_operator_guide_gives_the_same_inspect_command_and_query_as_the_code
     guide = (PROJECT_ROOT / "docs" / "operator-guide.md").read_text(encoding="utf-8")
     assert acceptance.inspect_command(str(uuid.uuid4())) in guide
     assert acceptance.checklist.gpu_facts.NVIDIA_SMI_QUERY in guide
+
+
+def test_the_operator_guide_says_enrolment_only_requests_production_eligibility():
+    """§2 must not tell the operator to set the flag at enrolment: a node starts ineligible, §8 sets it."""
+    from tests.support import PROJECT_ROOT
+
+    guide = (PROJECT_ROOT / "docs" / "operator-guide.md").read_text(encoding="utf-8")
+    enrol = guide[guide.index("## 2. Enrol a node") : guide.index("## 3. ")]
+    assert "until the node has passed the acceptance checklist" not in enrol
+    assert "(#8-acceptance-checklist-rtx-nodes)" in enrol
+    assert "/production-eligibility" in enrol and "starts ineligible" in enrol
