@@ -215,6 +215,27 @@ def _already_enrolled(node_id: str) -> DomainError:
     )
 
 
+def _new_credential(node_id: str, enrollment_id: str, now: datetime) -> tuple[Credential, str]:
+    """A fresh credential an enrolment's claim issues (not yet added), and its secret, shown once (I2)."""
+    issued = tokens.issue(tokens.NODE_CREDENTIAL_PREFIX)
+    credential = Credential(
+        node_id=node_id,
+        token_hash=issued.digest,
+        prefix=issued.visible_prefix,
+        created_at=now,
+        enrollment_id=enrollment_id,
+    )
+    return credential, issued.secret
+
+
+def _note_agent(lease: NodeLease, request: Claim, now: datetime) -> None:
+    """What the claiming agent said of itself, on the node's lease."""
+    lease.agent_version = request.agent_version
+    lease.protocol_version = request.protocol_version
+    lease.compatibility = request.compatibility
+    lease.last_seen_at = now
+
+
 def claim(request: Claim) -> ClaimResult:
     """Claim a token exactly once and give the node its credential (E2, E3, I4).
 
@@ -270,14 +291,7 @@ def claim(request: Claim) -> ClaimResult:
     node.lab_eligible = enrollment.lab_eligible
     node.benchmark_eligible = enrollment.benchmark_eligible
     node.enrolled_at = now
-    issued = tokens.issue(tokens.NODE_CREDENTIAL_PREFIX)
-    credential = Credential(
-        node_id=request.node_id,
-        token_hash=issued.digest,
-        prefix=issued.visible_prefix,
-        created_at=now,
-        enrollment_id=enrollment.id,
-    )
+    credential, secret = _new_credential(request.node_id, enrollment.id, now)
     try:
         db.session.flush()  # the node row first: the credential's foreign key needs it
         db.session.add(credential)
@@ -287,10 +301,7 @@ def claim(request: Claim) -> ClaimResult:
         if lease is None:
             lease = NodeLease(node_id=node.id, status="pending")
             db.session.add(lease)
-        lease.agent_version = request.agent_version
-        lease.protocol_version = request.protocol_version
-        lease.compatibility = request.compatibility
-        lease.last_seen_at = now
+        _note_agent(lease, request, now)
         duplicates = db.session.scalar(
             sa.select(sa.func.count(Node.id)).where(Node.hostname == request.hostname, Node.id != node.id)
         )
@@ -311,7 +322,7 @@ def claim(request: Claim) -> ClaimResult:
         # Another claim for the same node ID with a different token won the race (I4).
         db.session.rollback()
         raise _already_enrolled(request.node_id) from None
-    return ClaimResult(node=node, enrollment=enrollment, credential_secret=issued.secret)
+    return ClaimResult(node=node, enrollment=enrollment, credential_secret=secret)
 
 
 def _reissue(request: Claim, token_hash: str, now: datetime) -> ClaimResult | None:
@@ -352,14 +363,7 @@ def _reissue(request: Claim, token_hash: str, now: datetime) -> ClaimResult | No
     ).one_or_none()
     if revoked is None:
         return None
-    issued = tokens.issue(tokens.NODE_CREDENTIAL_PREFIX)
-    credential = Credential(
-        node_id=request.node_id,
-        token_hash=issued.digest,
-        prefix=issued.visible_prefix,
-        created_at=now,
-        enrollment_id=enrollment.id,
-    )
+    credential, secret = _new_credential(request.node_id, enrollment.id, now)
     try:
         db.session.add(credential)
         db.session.flush()
@@ -369,10 +373,7 @@ def _reissue(request: Claim, token_hash: str, now: datetime) -> ClaimResult | No
     node = db.session.get(Node, request.node_id)
     lease = db.session.get(NodeLease, request.node_id)
     if lease is not None:
-        lease.agent_version = request.agent_version
-        lease.protocol_version = request.protocol_version
-        lease.compatibility = request.compatibility
-        lease.last_seen_at = now
+        _note_agent(lease, request, now)
     audit.record(
         audit.agent_actor(request.node_id),
         "credential.reissued",
@@ -385,4 +386,4 @@ def _reissue(request: Claim, token_hash: str, now: datetime) -> ClaimResult | No
         credential_prefix=credential.prefix,
     )
     db.session.commit()
-    return ClaimResult(node=node, enrollment=enrollment, credential_secret=issued.secret, reissued=True)
+    return ClaimResult(node=node, enrollment=enrollment, credential_secret=secret, reissued=True)
