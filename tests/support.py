@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import requests
@@ -27,6 +30,14 @@ SECRET_PATTERN = re.compile(r"mf[en]_[A-Za-z0-9_-]{20,}")
 
 # Job tests' lease: progress every second (a third of it), a lapse seen within seconds (J2).
 JOB_LEASE_SECONDS = 3
+# End-to-end liveness in seconds, not minutes: one-second beats and sweeps, a silent node stale
+# after 2 s and offline after 4 s (L1–L3).
+FAST_LIVENESS = {
+    "MODELFORGE_NODE_STALE_AFTER_SECONDS": "2",
+    "MODELFORGE_NODE_OFFLINE_AFTER_SECONDS": "4",
+    "MODELFORGE_SWEEP_INTERVAL_SECONDS": "1",
+    "MODELFORGE_HEARTBEAT_INTERVAL_SECONDS": "1",
+}
 
 
 def app_env(database_url: str, instance_path: Path, **overrides: str) -> dict[str, str]:
@@ -73,6 +84,18 @@ def assert_no_secrets(text: str, *secrets: str) -> None:
         assert secret not in text, "a secret appeared in the log"
     found = SECRET_PATTERN.findall(text)
     assert not found, f"something shaped like a secret appeared in the log: {found[0][:8]}…"
+
+
+def stop_process(process: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 10) -> None:
+    """Ask a running subprocess to exit with `sig`; kill it if it has not within `timeout` seconds."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class GunicornServer:
@@ -126,14 +149,26 @@ class GunicornServer:
 
     def stop(self) -> None:
         """Stop gunicorn gracefully."""
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
     def log(self) -> str:
         """Everything gunicorn and the app wrote so far."""
         return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
+
+
+@contextmanager
+def gunicorn_on_sqlite_copy(sqlite_template: Path, database: Path, **options) -> Iterator[GunicornServer]:
+    """A started GunicornServer on a fresh copy of the migrated SQLite template at `database`.
+
+    `options` go to GunicornServer (workers, tls, MODELFORGE_* overrides); its instance path is
+    `database`'s folder. On exit the server is stopped and its log's tail printed (pytest shows
+    it only when the test failed).
+    """
+    shutil.copyfile(sqlite_template, database)
+    running = GunicornServer(f"sqlite:///{database}", database.parent, **options)
+    running.start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        print(running.log()[-20000:])

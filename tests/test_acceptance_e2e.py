@@ -24,7 +24,7 @@ import requests
 
 from tests import factories
 from tests.agent_support import AgentProcess, mint_token
-from tests.support import ADMIN, GunicornServer, assert_no_secrets, free_port
+from tests.support import ADMIN, FAST_LIVENESS, JOB_LEASE_SECONDS, assert_no_secrets, free_port, gunicorn_on_sqlite_copy
 from tests.test_acquire_e2e import acquire, add_root, wait_job
 from tests.test_containers import RUNTIME_BASE, ensure_bases, podman
 from tests.test_reverse_proxy import NGINX, DeployNginx
@@ -32,13 +32,7 @@ from tests.test_runtime_e2e import GENERATE, create, model_repo, start_worker, w
 
 pytestmark = pytest.mark.e2e
 
-FAST = {
-    "MODELFORGE_NODE_STALE_AFTER_SECONDS": "2",
-    "MODELFORGE_NODE_OFFLINE_AFTER_SECONDS": "4",
-    "MODELFORGE_SWEEP_INTERVAL_SECONDS": "1",
-    "MODELFORGE_HEARTBEAT_INTERVAL_SECONDS": "1",
-    "MODELFORGE_JOB_LEASE_SECONDS": "3",
-}
+FAST = {**FAST_LIVENESS, "MODELFORGE_JOB_LEASE_SECONDS": str(JOB_LEASE_SECONDS)}
 GPU = {
     "uuid": "GPU-5f3b2c1a-0000-4000-8000-000000004080",
     "name": "NVIDIA GeForce RTX 4080",
@@ -162,21 +156,15 @@ def containers():
 @pytest.fixture
 def acceptance_server(sqlite_template, tmp_path):
     """gunicorn with fast liveness on SQLite, and deploy/nginx/nginx.conf in front where nginx is installed."""
-    import shutil
-
     database = tmp_path / "acceptance.sqlite3"
-    shutil.copyfile(sqlite_template, database)
-    server = GunicornServer(f"sqlite:///{database}", tmp_path, workers=2, **FAST)
-    server.start()
-    proxy = None
-    if NGINX is not None:
-        (tmp_path / "nginx").mkdir()
-        proxy = DeployNginx(tmp_path / "nginx", server.port)
-    yield server, proxy, database
-    if proxy is not None:
-        proxy.stop()
-    server.stop()
-    print(server.log()[-20000:])  # shown only when the test fails
+    with gunicorn_on_sqlite_copy(sqlite_template, database, workers=2, **FAST) as server:
+        proxy = None
+        if NGINX is not None:
+            (tmp_path / "nginx").mkdir()
+            proxy = DeployNginx(tmp_path / "nginx", server.port)
+        yield server, proxy, database
+        if proxy is not None:
+            proxy.stop()
 
 
 def stored_bytes(database: Path, instance: Path) -> bytes:

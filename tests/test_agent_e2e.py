@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 
 import pytest
 import requests
 
 from tests.agent_support import AgentProcess, mint_token, nvidia_agent
-from tests.support import ADMIN, GunicornServer, assert_no_secrets
+from tests.support import ADMIN, assert_no_secrets, gunicorn_on_sqlite_copy
 
 pytestmark = pytest.mark.e2e
 A3_CONNECT = r"ConnectError on POST /api/v1/agent/heartbeat \(backoff 1s…16s\); next try in (\d+)s"
@@ -257,17 +256,13 @@ def test_tls_verify_false_warns_on_every_start(tmp_path, agent_server):
 def test_the_agent_at_its_cadence_never_meets_the_per_node_rate(sqlite_template, tmp_path):
     """A2: with the per-node rate on, the real agent's start-up (inventory then heartbeat), its
     beats at the interval and a restart are all accepted: not one 429, and the node stays online."""
-    path = tmp_path / "rated.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    server = GunicornServer(
-        f"sqlite:///{path}",
-        tmp_path,
+    with gunicorn_on_sqlite_copy(
+        sqlite_template,
+        tmp_path / "rated.sqlite3",
         workers=2,
         MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1",
         MODELFORGE_NODE_RATE_LIMIT="on",
-    )
-    server.start()
-    try:
+    ) as server:
         minted = mint_token(server.url)
         agent = AgentProcess(tmp_path, server.url, MODELFORGE_AGENT_ENROLLMENT_TOKEN=minted["token"]).start()
         agent.wait_for(r"inventory published")
@@ -279,8 +274,6 @@ def test_the_agent_at_its_cadence_never_meets_the_per_node_rate(sqlite_template,
         time.sleep(3)
         assert node(server, node_id)["status"] == "online"
         assert restarted.stop() < 1.0
-    finally:
-        server.stop()
     accepted = re.findall(r'"POST /api/v1/agent/(heartbeat|inventory) HTTP/1.1" (\d+)', server.log())
     assert accepted.count(("inventory", "200")) == 2 and accepted.count(("heartbeat", "200")) >= 6
     assert {status for _, status in accepted} == {"200"}, str(accepted)  # never a 429

@@ -6,39 +6,26 @@ updating by itself to "sent" once the scheduler delivered it to a real receiver.
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 
-from tests.support import GunicornServer
-from tests.test_alerts import HOOK_SECRET, Receiver
+from tests.support import gunicorn_on_sqlite_copy
+from tests.test_alerts import HOOK_SECRET, receiver  # noqa: F401 (fixture)
 from tests.test_console_browser import browser_context, chromium, expect, page, sign_in  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def receiver():
-    running = Receiver().start()
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def alerting_server(sqlite_template, tmp_path, receiver):
-    path = tmp_path / "alerts.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    running = GunicornServer(
-        f"sqlite:///{path}",
-        tmp_path,
+def alerting_server(sqlite_template, tmp_path, receiver):  # noqa: F811
+    with gunicorn_on_sqlite_copy(
+        sqlite_template,
+        tmp_path / "alerts.sqlite3",
         workers=2,
         MODELFORGE_SWEEP_INTERVAL_SECONDS="1",
         MODELFORGE_ALERT_URLS=receiver.url(),
-    )
-    running.start()
-    yield running
-    running.stop()
-    print(running.log()[-10000:])  # shown only when the test fails
+    ) as running:
+        yield running
 
 
 def test_send_test_alert_from_the_settings_page_reaches_the_receiver(alerting_server, receiver, page):  # noqa: F811

@@ -19,16 +19,10 @@ import requests
 import sqlalchemy as sa
 
 from tests.agent_support import AgentProcess
-from tests.support import ADMIN, OPERATOR_KEY, GunicornServer, assert_no_secrets, truncate_all
+from tests.support import ADMIN, FAST_LIVENESS, OPERATOR_KEY, GunicornServer, assert_no_secrets, truncate_all
 from tests.test_alerts import HOOK_SECRET, Receiver
 
 pytestmark = pytest.mark.e2e
-FAST = {
-    "MODELFORGE_NODE_STALE_AFTER_SECONDS": "2",
-    "MODELFORGE_NODE_OFFLINE_AFTER_SECONDS": "4",
-    "MODELFORGE_SWEEP_INTERVAL_SECONDS": "1",
-    "MODELFORGE_HEARTBEAT_INTERVAL_SECONDS": "1",
-}
 ONE_GPU = json.dumps(
     {
         "driver": "550.54.14",
@@ -94,7 +88,7 @@ def test_two_control_planes_alert_once_per_transition_and_deliver_after_the_rece
                 workers=4,
                 MODELFORGE_ALERT_URLS=receiver.url(),
                 MODELFORGE_SECRET_KEY=f"replica-{name}-secret-key",
-                **FAST,
+                **FAST_LIVENESS,
             )
         )
     first, second = planes

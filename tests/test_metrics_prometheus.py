@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from tests.agent_support import nvidia_agent
-from tests.support import ADMIN, GunicornServer, assert_no_secrets, free_port
+from tests.support import ADMIN, assert_no_secrets, free_port, gunicorn_on_sqlite_copy, stop_process
 
 pytestmark = pytest.mark.e2e
 PROMETHEUS = shutil.which("prometheus") or next((path for path in ["/usr/bin/prometheus"] if Path(path).exists()), None)
@@ -100,13 +100,7 @@ class Prometheus:
         raise RuntimeError(f"prometheus was not ready within {timeout}s:\n{self.log()}")
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -139,13 +133,8 @@ def value(result: list[dict]) -> float | None:
 
 @pytest.fixture
 def metrics_server(sqlite_template, tmp_path):
-    path = tmp_path / "metrics.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    running = GunicornServer(f"sqlite:///{path}", tmp_path, workers=4, **FAST)
-    running.start()
-    yield running
-    running.stop()
-    print(running.log()[-20000:])  # shown only when the test fails
+    with gunicorn_on_sqlite_copy(sqlite_template, tmp_path / "metrics.sqlite3", workers=4, **FAST) as running:
+        yield running
 
 
 @pytest.fixture

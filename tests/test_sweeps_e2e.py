@@ -19,15 +19,9 @@ import sqlalchemy as sa
 
 from tests import factories
 from tests.agent_support import AgentProcess, mint_token
-from tests.support import ADMIN, PROJECT_ROOT, GunicornServer, app_env
+from tests.support import ADMIN, FAST_LIVENESS, PROJECT_ROOT, GunicornServer, app_env, gunicorn_on_sqlite_copy
 
 pytestmark = pytest.mark.e2e
-FAST = {
-    "MODELFORGE_NODE_STALE_AFTER_SECONDS": "2",
-    "MODELFORGE_NODE_OFFLINE_AFTER_SECONDS": "4",
-    "MODELFORGE_SWEEP_INTERVAL_SECONDS": "1",
-    "MODELFORGE_HEARTBEAT_INTERVAL_SECONDS": "1",
-}
 
 
 def audit(server, **params):
@@ -50,13 +44,8 @@ def node(server, node_id):
 
 @pytest.fixture
 def fast_server(sqlite_template, tmp_path):
-    path = tmp_path / "fast.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    running = GunicornServer(f"sqlite:///{path}", tmp_path, workers=4, **FAST)
-    running.start()
-    yield running
-    running.stop()
-    print(running.log()[-20000:])  # shown only when the test fails
+    with gunicorn_on_sqlite_copy(sqlite_template, tmp_path / "fast.sqlite3", workers=4, **FAST_LIVENESS) as running:
+        yield running
 
 
 def test_stopped_agent_goes_stale_then_offline_and_returns_with_the_same_identity(fast_server, tmp_path):
@@ -142,8 +131,8 @@ def test_two_control_planes_on_one_postgresql_sweep_each_tick_once(postgres_data
     from tests.support import truncate_all
 
     truncate_all(postgres_database)
-    first = GunicornServer(postgres_database, tmp_path / "a", workers=2, **FAST)
-    second = GunicornServer(postgres_database, tmp_path / "b", workers=2, **FAST)
+    first = GunicornServer(postgres_database, tmp_path / "a", workers=2, **FAST_LIVENESS)
+    second = GunicornServer(postgres_database, tmp_path / "b", workers=2, **FAST_LIVENESS)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first.start()
