@@ -114,50 +114,37 @@ def server(database_url, tmp_path):
 @pytest.fixture
 def agent_server(sqlite_template, tmp_path):
     """The real control plane for agent tests: SQLite, two workers, a one-second heartbeat interval."""
-    path = tmp_path / "agent-server.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    running = support.GunicornServer(
-        f"sqlite:///{path}", tmp_path, workers=2, MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1"
-    )
-    running.start()
-    yield running
-    running.stop()
+    with support.gunicorn_on_sqlite_copy(
+        sqlite_template, tmp_path / "agent-server.sqlite3", workers=2, MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1"
+    ) as running:
+        yield running
 
 
 @pytest.fixture
 def tls_server(sqlite_template, tmp_path):
     """The real control plane serving HTTPS with a certificate from a private CA made here."""
-    path = tmp_path / "tls.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    running = support.GunicornServer(
-        f"sqlite:///{path}",
-        tmp_path,
+    with support.gunicorn_on_sqlite_copy(
+        sqlite_template,
+        tmp_path / "tls.sqlite3",
         workers=2,
         tls=make_private_ca(tmp_path),
         MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1",
-    )
-    running.start()
-    yield running
-    running.stop()
+    ) as running:
+        yield running
 
 
 @pytest.fixture
 def jobs_server(sqlite_template, tmp_path):
     """The control plane for job tests: SQLite, one-second heartbeats and sweeps, a short lease (J2)."""
-    path = tmp_path / "jobs.sqlite3"
-    shutil.copyfile(sqlite_template, path)
-    running = support.GunicornServer(
-        f"sqlite:///{path}",
-        tmp_path,
+    with support.gunicorn_on_sqlite_copy(
+        sqlite_template,
+        tmp_path / "jobs.sqlite3",
         workers=2,
         MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1",
         MODELFORGE_SWEEP_INTERVAL_SECONDS="1",
         MODELFORGE_JOB_LEASE_SECONDS=str(support.JOB_LEASE_SECONDS),
-    )
-    running.start()
-    yield running
-    running.stop()
-    print(running.log()[-20000:])  # shown only when the test fails
+    ) as running:
+        yield running
 
 
 @pytest.fixture
