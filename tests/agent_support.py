@@ -24,6 +24,22 @@ from tests.support import ADMIN, PROJECT_ROOT
 FAKE_NVML_DIR = str(PROJECT_ROOT / "tests" / "fake_nvml")
 CREDENTIAL = "mfn_" + "c" * 43
 COMPATIBLE = {"answer": "COMPATIBLE", "protocol_version": 1, "supported": [1], "action": "None"}
+# One idle RTX 4080 on PCI bus 01 as tests/fake_nvml reports it (vary it with {**FAKE_RTX_4080, ...}).
+FAKE_RTX_4080 = {
+    "uuid": "GPU-5f3b2c1a-0000-4000-8000-000000004080",
+    "name": "NVIDIA GeForce RTX 4080",
+    "memory_total": 17171480576,
+    "memory_used": 734003200,
+    "utilization": 7,
+    "temperature": 38,
+    "power_mw": 21500,
+    "pci_bus_id": "00000000:01:00.0",
+}
+
+
+def fake_nvml_scenario(*gpus: dict) -> str:
+    """A tests/fake_nvml scenario as JSON: driver 550.54.14, CUDA 12.4, and these GPUs."""
+    return json.dumps({"driver": "550.54.14", "cuda": 12040, "gpus": list(gpus)})
 
 
 def mint_token(url: str, verify: bool | str = True) -> dict:

@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from tests import factories
-from tests.agent_support import AgentProcess, mint_token
+from tests.agent_support import FAKE_RTX_4080, AgentProcess, fake_nvml_scenario, mint_token
 from tests.support import ADMIN, FAST_LIVENESS, JOB_LEASE_SECONDS, assert_no_secrets, free_port, gunicorn_on_sqlite_copy
 from tests.test_acquire_e2e import acquire, add_root, wait_job
 from tests.test_containers import RUNTIME_BASE, ensure_bases, podman
@@ -33,17 +33,8 @@ from tests.test_runtime_e2e import GENERATE, create, model_repo, start_worker, w
 pytestmark = pytest.mark.e2e
 
 FAST = {**FAST_LIVENESS, "MODELFORGE_JOB_LEASE_SECONDS": str(JOB_LEASE_SECONDS)}
-GPU = {
-    "uuid": "GPU-5f3b2c1a-0000-4000-8000-000000004080",
-    "name": "NVIDIA GeForce RTX 4080",
-    "memory_total": 17171480576,
-    "memory_used": 734003200,
-    "utilization": 7,
-    "temperature": 38,
-    "power_mw": 21500,
-    "pci_bus_id": "00000000:01:00.0",
-}
-SCENARIO = json.dumps({"driver": "550.54.14", "cuda": 12040, "gpus": [GPU]})
+GPU = FAKE_RTX_4080
+SCENARIO = fake_nvml_scenario(GPU)
 # What nvidia-smi prints for the fake NVML's GPU, and a driver that disagrees with it.
 AGREEING = f"{GPU['name']}, {GPU['uuid']}, 550.54.14, {GPU['memory_total'] // 2**20} MiB"
 DISAGREEING = f"{GPU['name']}, {GPU['uuid']}, 535.104.05, {GPU['memory_total'] // 2**20} MiB"

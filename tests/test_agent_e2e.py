@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from tests.agent_support import AgentProcess, mint_token, nvidia_agent
+from tests.agent_support import FAKE_RTX_4080, AgentProcess, fake_nvml_scenario, mint_token, nvidia_agent
 from tests.support import ADMIN, assert_no_secrets, gunicorn_on_sqlite_copy
 
 pytestmark = pytest.mark.e2e
@@ -147,25 +147,7 @@ def test_disabled_node_keeps_checking_and_resumes_when_enabled(agent_server, tmp
     agent.stop()
 
 
-SCENARIO = json.dumps(
-    {
-        "driver": "550.54.14",
-        "cuda": 12040,
-        "gpus": [
-            {
-                "uuid": "GPU-5f3b2c1a-0000-4000-8000-000000004080",
-                "name": "NVIDIA GeForce RTX 4080",
-                "memory_total": 17171480576,
-                "memory_used": 734003200,
-                "utilization": 7,
-                "temperature": 38,
-                "power_mw": 21500,
-                "pci_bus_id": "00000000:01:00.0",
-                "errors": {"power": "NVMLError_NotSupported"},
-            }
-        ],
-    }
-)
+SCENARIO = fake_nvml_scenario({**FAKE_RTX_4080, "errors": {"power": "NVMLError_NotSupported"}})
 
 
 def test_nvidia_mode_publishes_measured_gpus_and_telemetry(agent_server, tmp_path):

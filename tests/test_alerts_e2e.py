@@ -9,7 +9,6 @@ the node credential, the operator key or the target's own secret.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter
@@ -18,29 +17,12 @@ import pytest
 import requests
 import sqlalchemy as sa
 
-from tests.agent_support import AgentProcess
+from tests.agent_support import FAKE_RTX_4080, AgentProcess, fake_nvml_scenario
 from tests.support import ADMIN, FAST_LIVENESS, OPERATOR_KEY, GunicornServer, assert_no_secrets, truncate_all
 from tests.test_alerts import HOOK_SECRET, Receiver
 
 pytestmark = pytest.mark.e2e
-ONE_GPU = json.dumps(
-    {
-        "driver": "550.54.14",
-        "cuda": 12040,
-        "gpus": [
-            {
-                "uuid": "GPU-5f3b2c1a-0000-4000-8000-0000000a1e27",
-                "name": "NVIDIA GeForce RTX 4080",
-                "memory_total": 17171480576,
-                "memory_used": 734003200,
-                "utilization": 7,
-                "temperature": 38,
-                "power_mw": 21500,
-                "pci_bus_id": "00000000:01:00.0",
-            }
-        ],
-    }
-)
+ONE_GPU = fake_nvml_scenario({**FAKE_RTX_4080, "uuid": "GPU-5f3b2c1a-0000-4000-8000-0000000a1e27"})
 ENROLLED, OFFLINE, RETURNED = (
     "Node enrolled: alerting node",
     "Node offline: alerting node",
