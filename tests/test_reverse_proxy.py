@@ -25,7 +25,7 @@ import requests
 import sqlalchemy as sa
 
 from tests import factories
-from tests.support import ADMIN, OPERATOR_KEY, PROJECT_ROOT, GunicornServer, free_port
+from tests.support import ADMIN, OPERATOR_KEY, PROJECT_ROOT, GunicornServer, free_port, stop_process
 from tests.tls_support import make_private_ca
 
 pytestmark = pytest.mark.e2e
@@ -109,12 +109,7 @@ class Nginx:
         return "".join(path.read_text(errors="replace") for path in logs if path.exists())
 
     def stop(self) -> None:
-        self.process.send_signal(signal.SIGQUIT)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, signal.SIGQUIT)  # nginx's graceful shutdown
 
 
 class DeployNginx(Nginx):
