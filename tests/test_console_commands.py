@@ -17,6 +17,7 @@ import signal
 import stat
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -347,6 +348,16 @@ class Terminal:
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
 
+    def type_hidden(self, text: str) -> None:
+        """Type `text` once the terminal stops echoing. bash's `read -s` prints its prompt before it
+        turns echo off, so a test typing the instant the prompt shows could see its own keystrokes
+        echoed (a person never types that fast); the pty master reads the terminal's own flags."""
+        deadline = time.monotonic() + TIMEOUT
+        while termios.tcgetattr(self.master)[3] & termios.ECHO:
+            assert time.monotonic() < deadline, f"echo never went off; the terminal showed {self.seen!r}"
+            self._read(0.01)
+        self.type(text)
+
     def type_until_shown(self, text: str, shown: str, attempts: int = 5) -> None:
         """Type `text` again until `shown` appears. Readline now and then drops a line typed the
         instant it has redrawn its prompt after a foreground job ended (seen with and without this
@@ -380,7 +391,7 @@ def test_start_reads_the_token_without_echo_on_a_terminal(node):
     """C4: on a real terminal the prompt shows and the pasted token is not echoed back."""
     terminal = Terminal(["bash", "-c", start_command()], node)
     terminal.expect(PROMPT)
-    terminal.type(f"{TOKEN}\r")  # Enter on a terminal
+    terminal.type_hidden(f"{TOKEN}\r")  # Enter on a terminal
     assert terminal.finish() == 0, terminal.seen
     assert node.calls()[0]["env_files"][0]["content"].startswith(f"MODELFORGE_AGENT_ENROLLMENT_TOKEN={TOKEN}\n")
     assert_no_secrets(terminal.seen.decode(errors="replace"), TOKEN)
@@ -393,7 +404,7 @@ def test_start_pasted_into_an_interactive_shell_leaves_that_shell_as_it_was(node
     terminal.type("set -x\n")  # the admin was tracing: that must not leak the token either
     terminal.type(start_command() + "\n")
     terminal.expect(PROMPT)
-    terminal.type(f"{TOKEN}\r")
+    terminal.type_hidden(f"{TOKEN}\r")
     terminal.expect("stopped after an error")
     # Shown = echo's output at the start of a line, not the typed command's echo.
     terminal.type_until_shown('echo "still here: status=$? options=$-"; trap -p; exit\n', "\nstill here: status=")
