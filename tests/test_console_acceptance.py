@@ -575,6 +575,7 @@ def test_the_bundle_is_a_zip_whose_report_lists_every_item(console, node):
     assert upload(console, node["id"], png()).status_code == 201
     response = console.get(f"/hardware/nodes/{node['id']}/acceptance/bundle")
     assert response.status_code == 200 and response.headers["Content-Type"] == "application/zip"
+    assert response.headers["Cache-Control"] == "no-store"  # the operator's evidence, as the API serves it
     assert re.match(
         r"attachment; filename=modelforge-acceptance-[0-9a-f-]{36}-\d{8}T\d{6}Z\.zip",
         response.headers["Content-Disposition"],

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from flask import Response, request, send_file
+from flask import request
 
 from app import acceptance, audit
-from app.acceptance import uploads
+from app.acceptance import responses, uploads
 from app.api import bodies, bp, json_response
 from app.api.auth import admin_required
 from app.api.errors import ApiError
@@ -75,20 +75,11 @@ def post_screenshot(node_id: str):
 @admin_required
 def get_screenshot(node_id: str, screenshot_id: int):
     """V1: one uploaded screenshot's file, to the operator only."""
-    path, content_type = acceptance.screenshot_file(node_id, screenshot_id)
-    response = send_file(path, mimetype=content_type, max_age=0)
-    response.headers["Cache-Control"] = "no-store"
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    return response
+    return responses.screenshot_response(node_id, screenshot_id)
 
 
 @bp.get("/admin/nodes/<node_id>/acceptance/export")
 @admin_required
 def export_acceptance(node_id: str):
     """V1: the node's evidence as one zip (report.json, report.html, screenshots/)."""
-    name, data = acceptance.export_bundle(node_id)
-    return Response(
-        data,
-        mimetype="application/zip",
-        headers={"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"},
-    )
+    return responses.bundle_response(node_id)

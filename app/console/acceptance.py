@@ -6,11 +6,10 @@ Views stay thin: app.acceptance decides every state, limit and refusal; this mod
 
 from __future__ import annotations
 
-import io
-
-from flask import abort, current_app, flash, redirect, render_template, request, send_file, url_for
+from flask import abort, current_app, flash, redirect, render_template, request, url_for
 
 from app import acceptance
+from app.acceptance import responses
 from app.acceptance.container import MAX_INSPECT_CHARS
 from app.acceptance.uploads import MAX_UPLOAD_REQUEST_BYTES
 from app.audit import OPERATOR
@@ -215,11 +214,7 @@ def acceptance_screenshot(node_id: str, screenshot_id: str):
     if not (screenshot_id.isascii() and screenshot_id.isdigit()) or len(screenshot_id) > 18:
         abort(404)
     begin_read_only()
-    path, content_type = acceptance.screenshot_file(node_id, int(screenshot_id))
-    response = send_file(path, mimetype=content_type, conditional=False, max_age=0)
-    response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Content-Disposition"] = "inline"
-    return response
+    return responses.screenshot_response(node_id, int(screenshot_id))
 
 
 def _notice(message: str, status: int, error: bool = False):
@@ -262,5 +257,4 @@ def acceptance_eligibility(node_id: str):
 def acceptance_bundle(node_id: str):
     """V1: the evidence as one zip (report.json, report.html, screenshots/) that a release note can cite."""
     begin_read_only()
-    filename, data = acceptance.export_bundle(node_id)
-    return send_file(io.BytesIO(data), mimetype="application/zip", as_attachment=True, download_name=filename)
+    return responses.bundle_response(node_id)
