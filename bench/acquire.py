@@ -63,9 +63,10 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.agent_support import AgentProcess, mint_token  # noqa: E402
-from tests.hub_standin import Generated, StandinHub  # noqa: E402
-from tests.support import ADMIN, GunicornServer, migrate  # noqa: E402
+from tests.support import ADMIN, migrate  # noqa: E402
+from tests.support.agent import AgentProcess, mint_token  # noqa: E402
+from tests.support.gunicorn import GunicornServer  # noqa: E402
+from tests.support.hub import Generated, StandinHub  # noqa: E402
 
 ACQUIRE = "artifact.acquire.v1"
 HEARTBEAT_SECONDS = 15  # the product default, and what the pickup target is measured against

@@ -23,8 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.agent_support import AgentProcess, mint_token  # noqa: E402
-from tests.support import GunicornServer, migrate  # noqa: E402
+from tests.support import migrate  # noqa: E402
+from tests.support.agent import AgentProcess, mint_token  # noqa: E402
+from tests.support.gunicorn import GunicornServer  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ONE_GPU = json.dumps(

@@ -33,7 +33,8 @@ from app import create_app  # noqa: E402
 from app.extensions import db  # noqa: E402
 from app.models import AuditEvent, Gpu, Node, NodeInventory, NodeLease, TelemetrySample  # noqa: E402
 from app.timeutil import utcnow  # noqa: E402
-from tests.support import OPERATOR_KEY, GunicornServer, app_env, migrate, truncate_all  # noqa: E402
+from tests.support import OPERATOR_KEY, app_env, migrate, truncate_all  # noqa: E402
+from tests.support.gunicorn import GunicornServer  # noqa: E402
 
 AGES = (5, 60, 500)  # online, stale, offline with the default 45 s / 120 s thresholds
 MODELS = ("NVIDIA GeForce RTX 4090", "NVIDIA RTX A6000", "NVIDIA H100 80GB HBM3")

@@ -30,7 +30,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support import ADMIN, GunicornServer, migrate  # noqa: E402
+from tests.support import ADMIN, migrate  # noqa: E402
+from tests.support.gunicorn import GunicornServer  # noqa: E402
 
 # Each wrk thread takes its own share of the nodes and beats them in turn, as real nodes beat
 # once per interval: a node beats again only after its whole share has, so every heartbeat is

@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.models import Gpu, Job, Node, NodeLease, TelemetrySample  # noqa: E402
-from tests.support import ADMIN, GunicornServer, migrate  # noqa: E402
+from tests.support import ADMIN, migrate  # noqa: E402
+from tests.support.gunicorn import GunicornServer  # noqa: E402
 
 TARGET_SECONDS = 1.0
 FRESH_SECONDS = 300

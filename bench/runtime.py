@@ -41,8 +41,8 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 from modelforge_runtime_worker import SEED, measure_benchmark  # noqa: E402
 
-from tests.tiny_gguf import write_tiny_llama  # noqa: E402
-from tests.worker_support import call  # noqa: E402
+from tests.support.tiny_gguf import write_tiny_llama  # noqa: E402
+from tests.support.worker import call  # noqa: E402
 
 POLL_SECONDS = 0.2  # slow polling: this process shares the CPU with the worker it measures
 

@@ -1,4 +1,11 @@
-"""Shared fixtures: the app on real SQLite and real PostgreSQL, a client, and a real gunicorn."""
+"""The suite's tiers, and the fixtures more than one tier uses: the app on real SQLite and real
+PostgreSQL, a client, a real gunicorn, the stand-in Hub, and the processes a test starts.
+
+Tiers (one place: TIERS below). A test's tier is the folder it lives in, and every test is in
+exactly one: a test file outside the tier folders, or a test that names another tier's marker,
+stops the run at collection. `pytest -m e2e` (or `make test-fast` for `unit`) selects by marker.
+Fixtures only one tier needs live in that tier's conftest.py; helpers are plain modules in
+tests/support/, and no test module imports another."""
 
 from __future__ import annotations
 
@@ -13,10 +20,59 @@ import sqlalchemy as sa
 from app import create_app
 from app.extensions import db
 from tests import support
-from tests.tls_support import make_private_ca
+from tests.support import acquire, gunicorn, serving
+from tests.support.alerts import Receiver
+from tests.support.tls import make_private_ca
 
 POSTGRES_URL_ENV = "MODELFORGE_TEST_POSTGRES_URL"
 REQUIRE_ALL_ENV = "MODELFORGE_TEST_REQUIRE_ALL"
+TESTS = Path(__file__).resolve().parent
+TIERS = {
+    "unit": "in process: the Flask test client, SQLite in tmp_path (PostgreSQL too in `make test`), no subprocess",
+    "e2e": "real processes: gunicorn, the agent, nginx, Prometheus, bash and shellcheck, PostgreSQL replicas",
+    "browser": "Debian's Chromium drives the console through Playwright",
+    "containers": "podman builds and runs the images",
+    "llama": "llama.cpp: the real runtime worker on a tiny GGUF model",
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--sqlite-only",
+        action="store_true",
+        help="deselect the PostgreSQL half of database-parametrized tests (make test-fast)",
+    )
+
+
+def pytest_configure(config):
+    for tier, what in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: tier: {what}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its folder's tier; refuse a test with no tier or with two."""
+    misplaced, deselected, kept = [], [], []
+    for item in items:
+        parts = Path(item.path).resolve().relative_to(TESTS).parts
+        tier = parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+        named = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+        if tier is None or named - {tier}:
+            misplaced.append(f"{item.nodeid} (folder tier {tier}, markers {sorted(named)})")
+            continue
+        item.add_marker(tier)
+        callspec = getattr(item, "callspec", None)
+        if config.getoption("sqlite_only") and callspec and callspec.params.get("database_url") == "postgresql":
+            deselected.append(item)
+        else:
+            kept.append(item)
+    if misplaced:
+        raise pytest.UsageError(
+            "every test belongs to exactly one tier, the folder it lives in (tests/<tier>/, TIERS in "
+            "tests/conftest.py):\n  " + "\n  ".join(misplaced)
+        )
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 @pytest.hookimpl(wrapper=True)
@@ -104,7 +160,7 @@ def runner(app):
 @pytest.fixture
 def server(database_url, tmp_path):
     """The real control plane under gunicorn (several sync workers) on a free loopback port."""
-    running = support.GunicornServer(database_url, tmp_path)
+    running = gunicorn.GunicornServer(database_url, tmp_path)
     running.start()
     yield running
     running.stop()
@@ -114,7 +170,7 @@ def server(database_url, tmp_path):
 @pytest.fixture
 def agent_server(sqlite_template, tmp_path):
     """The real control plane for agent tests: SQLite, two workers, a one-second heartbeat interval."""
-    with support.gunicorn_on_sqlite_copy(
+    with gunicorn.gunicorn_on_sqlite_copy(
         sqlite_template, tmp_path / "agent-server.sqlite3", workers=2, MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1"
     ) as running:
         yield running
@@ -123,7 +179,7 @@ def agent_server(sqlite_template, tmp_path):
 @pytest.fixture
 def tls_server(sqlite_template, tmp_path):
     """The real control plane serving HTTPS with a certificate from a private CA made here."""
-    with support.gunicorn_on_sqlite_copy(
+    with gunicorn.gunicorn_on_sqlite_copy(
         sqlite_template,
         tmp_path / "tls.sqlite3",
         workers=2,
@@ -136,7 +192,7 @@ def tls_server(sqlite_template, tmp_path):
 @pytest.fixture
 def jobs_server(sqlite_template, tmp_path):
     """The control plane for job tests: SQLite, one-second heartbeats and sweeps, a short lease (J2)."""
-    with support.gunicorn_on_sqlite_copy(
+    with gunicorn.gunicorn_on_sqlite_copy(
         sqlite_template,
         tmp_path / "jobs.sqlite3",
         workers=2,
@@ -149,8 +205,8 @@ def jobs_server(sqlite_template, tmp_path):
 
 @pytest.fixture
 def hub():
-    """The stand-in Hugging Face Hub on loopback (tests/hub_standin.py)."""
-    from tests.hub_standin import StandinHub
+    """The stand-in Hugging Face Hub on loopback (tests/support/hub.py)."""
+    from tests.support.hub import StandinHub
 
     with StandinHub() as running:
         yield running
@@ -159,8 +215,43 @@ def hub():
 @pytest.fixture
 def socket_dir():
     """A short directory for Unix sockets (a sun_path holds 107 bytes; pytest's tmp_path can be longer)."""
-    from tests.worker_support import short_socket_dir
+    from tests.support.worker import short_socket_dir
 
     path = short_socket_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test():
+    """A failing test stops mid-body: the agents and workers it started are stopped here all the same."""
+    yield
+    acquire.stop_started_agents()
+    serving.stop_started_workers()
+
+
+@pytest.fixture
+def model_repo(tmp_path, hub) -> str:
+    """org/tiny-gguf on the stand-in Hub: a loadable model, a file that is not GGUF and a truncated GGUF."""
+    from tests.support.tiny_gguf import write_not_gguf, write_tiny_llama, write_truncated
+
+    models = tmp_path / "made"
+    models.mkdir()
+    files = {
+        "tiny.gguf": write_tiny_llama(models / "tiny.gguf"),
+        "broken.gguf": write_truncated(models / "broken.gguf"),
+        "notes.txt": write_not_gguf(models / "notes.txt"),
+        "README.md": b"# a tiny random llama\n",
+    }
+    hub.add_repo(
+        "org/tiny-gguf", {path: Path(value) if isinstance(value, Path) else value for path, value in files.items()}
+    )
+    return "org/tiny-gguf"
+
+
+@pytest.fixture
+def receiver():
+    """An alert receiver (a JSON webhook) on loopback."""
+    running = Receiver().start()
+    yield running
+    running.stop()

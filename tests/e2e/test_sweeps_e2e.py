@@ -1,0 +1,202 @@
+"""Liveness through the real server and agent; sweeps exactly once per tick (L1–L3, P4)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+import requests
+import sqlalchemy as sa
+
+from tests.support import ADMIN, FAST_LIVENESS, PROJECT_ROOT, app_env, factories
+from tests.support.agent import AgentProcess, mint_token
+from tests.support.gunicorn import GunicornServer, gunicorn_on_sqlite_copy
+
+
+def audit(server, **params):
+    response = requests.get(server.url + "/api/v1/admin/audit-events", params=params, headers=ADMIN, timeout=10)
+    return response.json()["audit_events"]
+
+
+def wait_for_action(server, node_id, action, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(event["action"] == action for event in audit(server, node_id=node_id)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {action} for {node_id} within {timeout}s: {audit(server, node_id=node_id)}")
+
+
+def node(server, node_id):
+    return requests.get(f"{server.url}/api/v1/hardware/nodes/{node_id}", headers=ADMIN, timeout=10).json()
+
+
+@pytest.fixture
+def fast_server(sqlite_template, tmp_path):
+    with gunicorn_on_sqlite_copy(sqlite_template, tmp_path / "fast.sqlite3", workers=4, **FAST_LIVENESS) as running:
+        yield running
+
+
+def test_stopped_agent_goes_stale_then_offline_and_returns_with_the_same_identity(fast_server, tmp_path):
+    token = mint_token(fast_server.url)["token"]
+    agent = AgentProcess(tmp_path, fast_server.url, MODELFORGE_AGENT_ENROLLMENT_TOKEN=token).start()
+    agent.wait_for(r"inventory published")
+    node_id = agent.node_id()
+    wait_for_action(fast_server, node_id, "node.online")
+    agent.process.kill()  # no goodbye: the control plane must notice by itself
+    agent.process.wait()
+
+    wait_for_action(fast_server, node_id, "node.stale")
+    wait_for_action(fast_server, node_id, "node.offline")
+    first, second = node(fast_server, node_id), None
+    time.sleep(1.1)
+    second = node(fast_server, node_id)
+    assert first["status"] == second["status"] == "offline"
+    assert second["heartbeat_age_seconds"] > first["heartbeat_age_seconds"]  # a stopped agent keeps ageing
+    assert first["last_heartbeat_at"] == second["last_heartbeat_at"]
+
+    restarted = AgentProcess(tmp_path, fast_server.url).start()
+    wait_for_action(fast_server, node_id, "node.returned")
+    assert restarted.node_id() == node_id and node(fast_server, node_id)["status"] == "online"
+    actions = [event["action"] for event in reversed(audit(fast_server, node_id=node_id))]
+    assert actions == ["node.enrolled", "node.online", "node.stale", "node.offline", "node.returned"]
+    restarted.stop()
+
+
+def enrol_and_beat(server, count):
+    """Nodes that sent one heartbeat each and then went silent."""
+    ids = []
+    for _ in range(count):
+        minted = requests.post(
+            server.url + "/api/v1/admin/node-enrollments", json=factories.enrollment_body(), headers=ADMIN, timeout=10
+        ).json()
+        body = factories.enroll_body(minted["token"], origin=server.url)
+        credential = requests.post(server.url + "/api/v1/agent/enroll", json=body, timeout=10).json()["credential"]
+        beat = requests.post(
+            server.url + "/api/v1/agent/heartbeat",
+            json=factories.heartbeat_body([]),
+            headers=factories.bearer(credential),
+            timeout=10,
+        )
+        assert beat.status_code == 200
+        ids.append(body["node_id"])
+    return ids
+
+
+def liveness_runs(database_url):
+    engine = sa.create_engine(database_url)
+    with engine.connect() as connection:
+        runs = connection.execute(sa.text("SELECT runs FROM sweep_ticks WHERE name = 'liveness'")).scalar() or 0
+    engine.dispose()
+    return runs
+
+
+def assert_transitions_once(server, node_ids):
+    counts = Counter((event["node_id"], event["action"]) for event in audit(server, limit=1000))
+    for node_id in node_ids:
+        assert counts[(node_id, "node.stale")] == 1, counts
+        assert counts[(node_id, "node.offline")] == 1, counts
+
+
+def measure_window(database_url, seconds):
+    """Sweep runs and elapsed liveness ticks over a window of wall-clock time."""
+    runs_before, tick_before = liveness_runs(database_url), math.floor(time.time())
+    time.sleep(seconds)
+    runs_after, tick_after = liveness_runs(database_url), math.floor(time.time())
+    return runs_after - runs_before, tick_after - tick_before
+
+
+def test_four_workers_sweep_each_tick_once(fast_server, sqlite_template, tmp_path):
+    node_ids = enrol_and_beat(fast_server, 5)
+    runs, ticks = measure_window(fast_server.env["MODELFORGE_DATABASE_URL"], 8)
+    assert abs(runs - ticks) <= 1, (runs, ticks)
+    assert_transitions_once(fast_server, node_ids)
+    fast_server.stop()
+    assert len(re.findall(r"scheduler \S+ started", fast_server.log())) == 1  # one scheduler, not one per worker
+    assert "RuntimeWarning" not in fast_server.log()
+
+
+def test_two_control_planes_on_one_postgresql_sweep_each_tick_once(postgres_database, tmp_path):
+    from tests.support import truncate_all
+
+    truncate_all(postgres_database)
+    first = GunicornServer(postgres_database, tmp_path / "a", workers=2, **FAST_LIVENESS)
+    second = GunicornServer(postgres_database, tmp_path / "b", workers=2, **FAST_LIVENESS)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first.start()
+    second.start()
+    try:
+        node_ids = enrol_and_beat(first, 3) + enrol_and_beat(second, 3)
+        runs, ticks = measure_window(postgres_database, 10)
+        assert abs(runs - ticks) <= 1, (runs, ticks)  # not twice the ticks: one runner per tick
+        assert_transitions_once(first, node_ids)
+    finally:
+        first.stop()
+        second.stop()
+    holders = set(re.findall(r"scheduler (\S+) started", first.log() + second.log()))
+    assert len(holders) == 2  # both replicas ran a scheduler; the database picked one per tick
+
+
+def scheduler_pids(master_pid: int) -> list[int]:
+    # Children of this master only (-P): a pid number can be reused by another test's process.
+    found = subprocess.run(
+        ["pgrep", "-P", str(master_pid), "-f", "app.scheduler --parent-pid"], capture_output=True, text=True
+    ).stdout.split()
+    return [int(pid) for pid in found]
+
+
+def wait_until(condition, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    running = subprocess.run(["pgrep", "-fa", "app.scheduler"], capture_output=True, text=True).stdout
+    raise AssertionError(f"condition not met in time; schedulers running:\n{running}")
+
+
+def test_the_master_restarts_a_dead_scheduler_and_the_scheduler_dies_with_the_master(fast_server):
+    master = fast_server.process.pid
+
+    def started() -> int:
+        return len(re.findall(r"scheduler \S+ started", fast_server.log()))
+
+    wait_until(lambda: started() == 1 and len(scheduler_pids(master)) == 1)
+    (first,) = scheduler_pids(master)
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: scheduler_pids(master) not in ([], [first]), timeout=20)
+    (second,) = scheduler_pids(master)
+    assert second != first
+    wait_until(lambda: started() == 2)
+
+    # A master killed outright (no on_exit hook) must not leave an orphan sweeping on its own.
+    os.kill(master, signal.SIGKILL)
+    fast_server.process.wait()
+    wait_until(lambda: not os.path.exists(f"/proc/{second}"), timeout=10)
+
+
+def test_operator_can_run_the_sweeps_once_from_the_command_line(tmp_path, sqlite_template):
+    database = tmp_path / "cli.sqlite3"
+    shutil.copyfile(sqlite_template, database)
+    env = {**os.environ, **app_env(f"sqlite:///{database}", tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "flask", "--app", "wsgi", "modelforge", "sweep"],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "liveness": {"stale": 0, "offline": 0},
+        "enrollment-expiry": {"expired": 0},
+        "telemetry-retention": {"rollups_written": 0, "samples_deleted": 0, "rollups_pruned": 0},
+        "job-leases": {"requeued": 0, "failed": 0, "cancelled": 0},
+    }
