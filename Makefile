@@ -6,7 +6,7 @@ INSTALLED := $(VENV)/.installed
 TEST_INSTALLED := $(VENV)/.installed-test
 WORKER_INSTALLED := $(VENV)/.installed-worker
 
-.PHONY: run run-worker test migrate lint bench bench-metrics bench-runtime clean
+.PHONY: run run-worker test test-fast migrate lint bench bench-metrics bench-runtime clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,9 +43,19 @@ run-worker: $(WORKER_INSTALLED)
 	MODELFORGE_WORKER_ARTIFACT_DIR="$${MODELFORGE_WORKER_ARTIFACT_DIR:-instance/artifacts}" \
 	exec $(BIN)/python -m modelforge_runtime_worker
 
-## Install the test extra and run the whole suite.
+# Parallel workers for the suite (pytest-xdist). Most tests wait on processes more than they
+# compute, so more workers than this box's two cores pays; `PYTEST_WORKERS=0` runs in one process.
+PYTEST_WORKERS ?= 4
+
+## Install the test extra and run the whole suite: every tier, on SQLite and PostgreSQL (CI).
 test: $(TEST_INSTALLED)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+## The inner loop: the unit tier on SQLite only (tests/unit, about a minute). Run it after each change;
+## run `make test` before a commit lands (docs/architecture.md says which tier a test goes in).
+test-fast: $(TEST_INSTALLED)
+	$(BIN)/python -m pytest tests/unit --sqlite-only -n $(PYTEST_FAST_WORKERS) $(PYTEST_ARGS)
+PYTEST_FAST_WORKERS ?= 2
 
 lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .

@@ -1,7 +1,7 @@
 """artifact.acquire.v1 on loopback: the agent's download against snapshot_download, its memory,
 job pickup and lease recovery (J3, issue 11).
 
-Starts a stand-in Hugging Face Hub (tests/hub_standin.py), the real control plane under gunicorn
+Starts a stand-in Hugging Face Hub (tests/support/hub.py), the real control plane under gunicorn
 (SQLite, heartbeat interval 15 s, lease 60 s, sweep 5 s: the product defaults) and the real
 agent, all on 127.0.0.1, and prints:
 

@@ -17,7 +17,7 @@ freed), with its peak during a job as the job reported it.
                                       [--generate-tokens 128] [--repetitions 5] [--rounds 3]
     .venv/bin/python bench/runtime.py --prompt-tokens 64 --generate-tokens 16 --rounds 2   # quick
 
-Without --model it writes the tiny random-weight llama of tests/tiny_gguf.py (about 0.5 MB), whose
+Without --model it writes the tiny random-weight llama of tests/support/tiny_gguf.py (about 0.5 MB), whose
 figures are dominated by per-call overhead: the harshest case for the worker's share.
 """
 

@@ -49,6 +49,7 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{tier}: tier: {what}")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Mark each test with its folder's tier; refuse a test with no tier or with two."""
     misplaced, deselected, kept = [], [], []
@@ -60,6 +61,8 @@ def pytest_collection_modifyitems(config, items):
             misplaced.append(f"{item.nodeid} (folder tier {tier}, markers {sorted(named)})")
             continue
         item.add_marker(tier)
+        if tier == "containers":  # one podman image store: its builds and compose projects run in turn
+            item.add_marker(pytest.mark.xdist_group("containers"))
         callspec = getattr(item, "callspec", None)
         if config.getoption("sqlite_only") and callspec and callspec.params.get("database_url") == "postgresql":
             deselected.append(item)

@@ -3,7 +3,7 @@
 Each body is a pydantic model: the same declaration validates the request and, through
 `model_json_schema()`, is the body's schema in the OpenAPI document (app/api/openapi.py). A limit
 written here is therefore the limit the code enforces and the limit the document states;
-schemathesis checks both ways (tests/test_openapi.py). The two rules that no static schema can state
+schemathesis checks both ways (tests/unit/test_openapi.py). The two rules that no static schema can state
 — a sample's time against the control plane's clock, GPU UUIDs unique within one inventory — are
 said in the schema's description and checked here, in one place each.
 """

@@ -1,4 +1,5 @@
-"""Test helpers."""
+"""The browser tier: Debian's Chromium under Playwright, one per test session, a fresh context per
+test that fails the test on any console error."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from tests.support.browser import CHROMIUM, Steps, playwright_api
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chromium():
     """Debian's Chromium under Playwright; skipped (and so failed in CI) when it is missing."""
     if not Path(CHROMIUM).exists():

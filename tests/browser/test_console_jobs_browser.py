@@ -3,7 +3,7 @@ agent against the stand-in Hub (J4, J1–J3, C3).
 
 From a node's page: register a storage root, acquire a model, watch the job's progress bar move and
 stop when the job ends, find the artifact back on the node page; and cancel a running acquire. The
-Hub (tests/hub_standin.py) throttles the download with short stalls so the bar visibly moves; each
+Hub (tests/support/hub.py) throttles the download with short stalls so the bar visibly moves; each
 step is a screenshot under test-artifacts/console/<test name>/.
 """
 

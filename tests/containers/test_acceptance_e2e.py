@@ -136,7 +136,7 @@ class Containers:
 
 @pytest.fixture
 def containers():
-    ensure_bases()  # skips where there is no container engine; reuses tests/test_containers.py's base
+    ensure_bases()  # skips where there is no container engine; reuses tests/containers/test_containers.py's base
     made = Containers()
     yield made
     made.remove()

@@ -7,7 +7,7 @@ deployment puts nginx in front (deploy/nginx/nginx.conf): it reads every request
 gunicorn sees it, so 200 such sockets against the published port must not delay /healthz by more
 than a second, and a socket still sending its headers after client_header_timeout is closed.
 
-The compose file is brought up for real with podman-compose, as tests/test_containers.py does:
+The compose file is brought up for real with podman-compose, as tests/containers/test_containers.py does:
 the control-plane image is built from deploy/Dockerfile.control-plane on a debootstrap base, and
 the pinned nginx image, which no registry here can serve, is stood in for by Debian's nginx built
 on the same base and run exactly as the compose file says (read-only, uid 101, no capability,

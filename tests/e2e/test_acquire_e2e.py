@@ -1,6 +1,6 @@
 """artifact.acquire.v1 end to end: the real gunicorn, the real agent process, a stand-in Hub (J1–J3).
 
-The Hub is tests/hub_standin.py on loopback; everything else is what runs in production.
+The Hub is tests/support/hub.py on loopback; everything else is what runs in production.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Test helpers."""
+"""Issue 15 through gunicorn: replayed cookies, nosniff, hostile Host headers and file modes."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def app_env(database_url: str, instance_path: Path, **overrides: str) -> dict[st
         "MODELFORGE_OPERATOR_API_KEY": OPERATOR_KEY,
         "MODELFORGE_SECRET_KEY": "test-secret-key",
         # Tests publish as fast as their setup needs; the per-node rate (on in production) is
-        # tested where it is the subject (tests/test_rate_limits.py, the real agent's cadence).
+        # tested where it is the subject (tests/e2e/test_rate_limits.py, the real agent's cadence).
         "MODELFORGE_NODE_RATE_LIMIT": "off",
         **overrides,
     }

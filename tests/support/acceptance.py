@@ -1,4 +1,5 @@
-"""Test helpers."""
+"""Acceptance evidence (V1) through the Flask test client: an agent's inventory, a smoke test, a
+hardened container's inspect, a real PNG."""
 
 from __future__ import annotations
 

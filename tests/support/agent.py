@@ -24,7 +24,7 @@ from tests.support import ADMIN, PROJECT_ROOT
 FAKE_NVML_DIR = str(PROJECT_ROOT / "tests" / "support" / "fake_nvml")
 CREDENTIAL = "mfn_" + "c" * 43
 COMPATIBLE = {"answer": "COMPATIBLE", "protocol_version": 1, "supported": [1], "action": "None"}
-# One idle RTX 4080 on PCI bus 01 as tests/fake_nvml reports it (vary it with {**FAKE_RTX_4080, ...}).
+# One idle RTX 4080 on PCI bus 01 as tests/support/fake_nvml reports it (vary it with {**FAKE_RTX_4080, ...}).
 FAKE_RTX_4080 = {
     "uuid": "GPU-5f3b2c1a-0000-4000-8000-000000004080",
     "name": "NVIDIA GeForce RTX 4080",
@@ -38,7 +38,7 @@ FAKE_RTX_4080 = {
 
 
 def fake_nvml_scenario(*gpus: dict) -> str:
-    """A tests/fake_nvml scenario as JSON: driver 550.54.14, CUDA 12.4, and these GPUs."""
+    """A tests/support/fake_nvml scenario as JSON: driver 550.54.14, CUDA 12.4, and these GPUs."""
     return json.dumps({"driver": "550.54.14", "cuda": 12040, "gpus": list(gpus)})
 
 

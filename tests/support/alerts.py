@@ -1,4 +1,4 @@
-"""Test helpers."""
+"""An alert receiver: a JSON webhook on loopback that records what it is sent (O2)."""
 
 from __future__ import annotations
 

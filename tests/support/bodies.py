@@ -1,4 +1,4 @@
-"""Test helpers."""
+"""Bodies the API must refuse, one table each, shared by the API tests and the OpenAPI document's tests."""
 
 from __future__ import annotations
 

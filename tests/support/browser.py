@@ -1,4 +1,4 @@
-"""Test helpers."""
+"""Playwright helpers for the browser tier: Debian's Chromium, step screenshots, sign-in as a person does."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Test helpers."""
+"""The console through the Flask test client: sign in with the login form, the CSRF token, htmx posts."""
 
 from __future__ import annotations
 
@@ -31,3 +31,11 @@ def sign_in(client, key: str = OPERATOR_KEY, next_path: str | None = None):
 def htmx_post(console, path: str, **kwargs):
     """An htmx POST: CSRF in the X-CSRFToken header, as `hx-headers` on <body> sends it."""
     return console.post(path, headers={**HTMX, "X-CSRFToken": console.csrf}, **kwargs)
+
+
+def signed_in(client, page: str = "/hardware/nodes"):
+    """`client` with an operator session, signed in through the login form; `.csrf` holds the
+    session's CSRF token, read from `page`."""
+    assert sign_in(client).status_code == 302
+    client.csrf = csrf_from(client.get(page).get_data(as_text=True))
+    return client

@@ -1,4 +1,4 @@
-"""Test helpers."""
+"""podman: the test base images (debootstrap, made once and kept), image builds and a thin runner."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Test helpers."""
+"""The node's env file as the deploy tests write it, and deploy/env_preflight.py."""
 
 from __future__ import annotations
 

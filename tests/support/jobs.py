@@ -1,4 +1,4 @@
-"""Test helpers."""
+"""Acquire jobs through the Flask test client: a storage root, a job, and the agent's claim."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Test helpers."""
+"""A node's telemetry published in process, and GET /metrics scraped and parsed."""
 
 from __future__ import annotations
 

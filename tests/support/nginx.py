@@ -1,4 +1,5 @@
-"""Test helpers."""
+"""nginx on the host: a TLS-terminating proxy in front of gunicorn, and deploy/nginx/nginx.conf as the
+compose file runs it, with only addresses and paths moved."""
 
 from __future__ import annotations
 

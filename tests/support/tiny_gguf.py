@@ -5,7 +5,7 @@ load takes milliseconds and a benchmark run well under a second on a CPU. The by
 the seed: the same seed gives the same file, and the same file gives the same text at
 temperature 0.
 
-    python tests/tiny_gguf.py OUT.gguf [--seed N]
+    python tests/support/tiny_gguf.py OUT.gguf [--seed N]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The agent's side of jobs and storage roots (J1, J2, L4, A1–A3).
 
 The control plane is faked only as a recipient: a loopback HTTP server that records every body
-the agent sends and answers from a script. The Hub is the stand-in (tests/hub_standin.py).
+the agent sends and answers from a script. The Hub is the stand-in (tests/support/hub.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.support.agent import (
     make_config,
     runner_for,
 )
-from tests.support.hub import Generated, StandinHub
+from tests.support.hub import Generated
 
 MiB = 1 << 20
 REPO = "org/model"
@@ -35,12 +35,6 @@ def control_plane():
     fake = FakeControlPlane()
     yield fake
     fake.close()
-
-
-@pytest.fixture
-def hub():
-    with StandinHub() as standin:
-        yield standin
 
 
 def claimed_job(tmp_path: Path, interval: float = 0.1, **params) -> dict:

@@ -25,7 +25,7 @@ from app.models import AlertDelivery, AlertDeliveryState, AuditEvent
 from app.timeutil import utcnow
 from tests.support import ACQUIRE, ADMIN, OPERATOR_KEY, app_env, factories
 from tests.support.alerts import HOOK_SECRET
-from tests.support.console import HTMX, csrf_from, sign_in
+from tests.support.console import HTMX, csrf_from, sign_in, signed_in
 from tests.support.jobs import add_job, add_root, claim
 from tests.support.nodes import agent
 
@@ -412,10 +412,7 @@ def test_an_alert_undelivered_for_a_day_is_given_up(alert_app, receiver):
 
 @pytest.fixture
 def console(alert_app):
-    client = alert_app.test_client()
-    assert sign_in(client).status_code == 302
-    client.csrf = csrf_from(client.get("/settings").get_data(as_text=True))
-    return client
+    return signed_in(alert_app.test_client(), "/settings")
 
 
 def test_the_settings_page_shows_targets_masked_and_the_test_alert_goes_through_the_scheduler(

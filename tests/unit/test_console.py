@@ -25,24 +25,7 @@ from app.models import AuditEvent, Credential, Enrollment, Node
 from app.timeutil import utcnow
 from tests.support import ADMIN, OPERATOR_KEY, PROJECT_ROOT, app_env, factories
 from tests.support.console import HTMX, csrf_from, htmx_post, sign_in
-
-
-@pytest.fixture
-def console(client):
-    """A test client with an operator session; `.csrf` holds the session's CSRF token."""
-    assert sign_in(client).status_code == 302
-    client.csrf = csrf_from(client.get("/hardware/nodes").get_data(as_text=True))
-    return client
-
-
-def node_with_gpu(client, hostname: str = "gpu-node-1") -> dict[str, object]:
-    """An enrolled node that sent inventory (one GPU) and one heartbeat with telemetry."""
-    node = factories.enrolled_node(client, hostname=hostname)
-    headers = factories.bearer(node["credential"])
-    assert client.post("/api/v1/agent/inventory", json=factories.inventory_body(), headers=headers).status_code == 200
-    assert client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=headers).status_code == 200
-    return node
-
+from tests.support.nodes import online_node
 
 # --------------------------------------------------------------------------- C1 sign-in
 
@@ -232,7 +215,7 @@ def test_changing_the_operator_key_ends_every_session(database_url, tmp_path, co
 
 
 def test_nodes_page_full_and_fragment(console):
-    node_with_gpu(console)
+    online_node(console)
     page = console.get("/hardware/nodes")
     fragment = console.get("/hardware/nodes", headers=HTMX)
     boosted = console.get("/hardware/nodes", headers={**HTMX, "HX-Boosted": "true"})
@@ -259,8 +242,8 @@ def test_nodes_page_flags_two_node_ids_sharing_a_hostname(console):
 
 
 def test_nodes_page_filters_by_status_and_text_and_keeps_the_filter_while_polling(app, console):
-    alpha = node_with_gpu(console)
-    beta = node_with_gpu(console)
+    alpha = online_node(console)
+    beta = online_node(console)
     with app.app_context():
         db.session.execute(sa.update(Node).where(Node.id == alpha["node_id"]).values(display_name="alpha-node"))
         db.session.execute(
@@ -304,7 +287,7 @@ def test_nodes_page_shows_stale_and_disabled(app, console):
 
 
 def test_node_page_shows_every_fact_with_its_time(console):
-    node = node_with_gpu(console)
+    node = online_node(console)
     html = console.get(f"/hardware/nodes/{node['node_id']}").get_data(as_text=True)
     for fact in (
         "gpu-node-1",
@@ -332,7 +315,7 @@ def test_node_page_shows_every_fact_with_its_time(console):
 
 
 def test_node_page_timeline_is_this_nodes_audit_newest_first(console):
-    first, second = node_with_gpu(console, hostname="first-node"), node_with_gpu(console, hostname="second-node")
+    first, second = online_node(console, hostname="first-node"), online_node(console, hostname="second-node")
     html = console.get(f"/hardware/nodes/{first['node_id']}").get_data(as_text=True)
     timeline = html.split('class="mf-timeline"')[1].split("</ol>")[0]
     assert "node.enrolled" in timeline
@@ -393,7 +376,7 @@ def test_posts_to_ids_that_are_not_uuids_are_404(console):
 
 
 def test_node_page_fragment_and_charts_partial(console):
-    node = node_with_gpu(console)
+    node = online_node(console)
     fragment = console.get(f"/hardware/nodes/{node['node_id']}", headers=HTMX)
     html = fragment.get_data(as_text=True)
     assert "<html" not in html and 'id="node-live"' in html
@@ -417,7 +400,7 @@ def test_unknown_node_is_an_html_404(console):
 
 
 def test_disable_and_enable_from_the_node_page(app, console):
-    node = node_with_gpu(console)
+    node = online_node(console)
     path = f"/hardware/nodes/{node['node_id']}"
     response = htmx_post(console, path + "/disable")
     assert response.status_code == 200
@@ -437,7 +420,7 @@ def test_disable_and_enable_from_the_node_page(app, console):
 
 
 def test_actions_without_csrf_change_nothing(app, console):
-    node = node_with_gpu(console)
+    node = online_node(console)
     for action in ("disable", "credential/rotate", "credential/revoke"):
         response = console.post(f"/hardware/nodes/{node['node_id']}/{action}", headers=HTMX)
         assert response.status_code == 400, action
@@ -450,7 +433,7 @@ def test_actions_without_csrf_change_nothing(app, console):
 
 
 def test_rotate_shows_the_new_credential_once(app, console):
-    node = node_with_gpu(console)
+    node = online_node(console)
     path = f"/hardware/nodes/{node['node_id']}"
     response = htmx_post(console, path + "/credential/rotate")
     assert response.status_code == 200
@@ -474,7 +457,7 @@ def test_rotate_shows_the_new_credential_once(app, console):
 
 
 def test_revoke_credential_then_again_is_a_clear_409(console):
-    node = node_with_gpu(console)
+    node = online_node(console)
     path = f"/hardware/nodes/{node['node_id']}/credential/revoke"
     first = htmx_post(console, path)
     assert first.status_code == 200 and "Credential revoked" in first.get_data(as_text=True)
@@ -684,7 +667,7 @@ def test_readiness_panel_polls_until_the_exact_node_is_ready(console):
     assert "<html" not in step and 'data-polling="true"' in step and 'hx-trigger="every 2s"' in step
     assert "--force-recreate" in step
     # another node enrolling elsewhere does not make this panel ready (R1: the exact node)
-    node_with_gpu(console, hostname="someone-else")
+    online_node(console, hostname="someone-else")
     assert 'data-polling="true"' in console.get(panel_path, headers=HTMX).get_data(as_text=True)
     claim = console.post("/api/v1/agent/enroll", json=factories.enroll_body(token, hostname="wizard-node"))
     node_id = claim.get_json()["node_id"]
@@ -723,8 +706,8 @@ def test_unknown_enrollment_is_an_html_404(console):
 
 
 def test_audit_page_filters_and_fragment(console):
-    first = node_with_gpu(console, hostname="alpha")
-    node_with_gpu(console, hostname="beta")
+    first = online_node(console, hostname="alpha")
+    online_node(console, hostname="beta")
     htmx_post(console, f"/hardware/nodes/{first['node_id']}/disable")
     page = console.get("/audit")
     assert page.status_code == 200 and "<html" in page.get_data(as_text=True)

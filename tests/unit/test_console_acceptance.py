@@ -32,18 +32,10 @@ from app.extensions import db
 from app.models import AcceptanceEvidence, AcceptanceScreenshot, AuditEvent, Node, NodeLease
 from tests.support import ADMIN, assert_no_secrets, factories
 from tests.support.acceptance import ENV_SECRET, GPU_UUID, SMI_OUTPUT, inspect_text, png, publish, smoke_test
-from tests.support.console import HTMX, csrf_from, htmx_post, sign_in
+from tests.support.console import HTMX, htmx_post
 from tests.support.nodes import beat
 
 ITEM_NAMES = [name for name, _ in ITEMS]
-
-
-@pytest.fixture
-def console(client):
-    """A test client with an operator session; `.csrf` holds the session's CSRF token."""
-    assert sign_in(client).status_code == 302
-    client.csrf = csrf_from(client.get("/hardware/nodes").get_data(as_text=True))
-    return client
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from app.jobs import queue
 from app.models import Job, StorageRoot
 from app.timeutil import isoformat, parse_rfc3339, utcnow
 from tests.support import ACQUIRE, ADMIN, factories
-from tests.support.console import HTMX, csrf_from, htmx_post, sign_in
+from tests.support.console import HTMX, htmx_post
+from tests.support.nodes import online_node
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HOST_PATH = "/mnt/cache/appdata/modelforge/model-registry"
@@ -34,26 +35,9 @@ MiB = 2**20
 
 
 @pytest.fixture
-def console(client):
-    """A client signed in through the login form (tests/test_console.py); `.csrf` holds its token."""
-    assert sign_in(client).status_code == 302
-    client.csrf = csrf_from(client.get("/jobs").get_data(as_text=True))
-    return client
-
-
-@pytest.fixture
 def node(console):
     """An enrolled, online node whose agent advertises artifact.acquire.v1."""
-    return online_node(console)
-
-
-def online_node(client, hostname: str = "gpu-node-1") -> dict[str, str]:
-    enrolled = factories.enrolled_node(client, hostname=hostname)
-    auth = factories.bearer(enrolled["credential"])
-    inventory = {**factories.inventory_body(), "capabilities": [ACQUIRE]}
-    assert client.post("/api/v1/agent/inventory", json=inventory, headers=auth).status_code == 200
-    assert client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=auth).status_code == 200
-    return {"id": enrolled["node_id"], "auth": auth}
+    return online_node(console, capabilities=[ACQUIRE])
 
 
 def register_root(console, node_id: str, **fields: str):
@@ -153,7 +137,7 @@ def test_the_jobs_page_lists_filters_and_polls_only_while_a_job_is_live(console,
     queued = fragment(console, f"/jobs?state=queued&type={ACQUIRE}&node={node['id']}")
     assert second in queued and first not in queued
     assert f'hx-get="/jobs?node={node["id"]}&amp;type={ACQUIRE}&amp;state=queued"' in queued  # the poll keeps filters
-    other = online_node(console, hostname="other-node")
+    other = online_node(console, hostname="other-node", capabilities=[ACQUIRE])
     assert "No job matches this filter." in fragment(console, f"/jobs?node={other['id']}")
 
 
@@ -354,7 +338,7 @@ def test_the_acquire_form_refuses_bad_input_clearly_and_creates_nothing(app, con
 
 def test_a_root_of_another_node_is_refused_by_name(app, console, node):
     a_root(console, node["id"])
-    other = online_node(console, hostname="other-node")
+    other = online_node(console, hostname="other-node", capabilities=[ACQUIRE])
     foreign = a_root(console, other["id"], name="theirs")
     response = acquire(console, node["id"], foreign["id"])
     assert response.status_code == 422
@@ -472,7 +456,7 @@ def test_a_root_in_use_is_not_deleted_and_says_why(app, console, node):
 
 def test_a_root_is_deleted_only_through_its_own_node(console, node):
     root = a_root(console, node["id"])
-    other = online_node(console, hostname="other-node")
+    other = online_node(console, hostname="other-node", capabilities=[ACQUIRE])
     for path in (
         f"/hardware/nodes/{other['id']}/storage-roots/{root['id']}/delete",
         f"/hardware/nodes/{node['id']}/storage-roots/%00/delete",

@@ -17,16 +17,9 @@ from app.console import forms
 from app.extensions import db
 from app.models import Job, NodeLease
 from tests.support import ADMIN, EVERY_TYPE
-from tests.support.console import HTMX, csrf_from, htmx_post, sign_in
+from tests.support.console import HTMX, htmx_post
 from tests.support.nodes import agent, online_node, publish_inventory
 from tests.support.runtime import acquired_artifact, benchmark_result, generate_result, worker
-
-
-@pytest.fixture
-def console(client):
-    assert sign_in(client).status_code == 302
-    client.csrf = csrf_from(client.get("/jobs").get_data(as_text=True))
-    return client
 
 
 @pytest.fixture

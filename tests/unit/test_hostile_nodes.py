@@ -8,7 +8,6 @@ any of this was checked, and change audits that flood the log.
 from __future__ import annotations
 
 import logging
-import re
 
 import pytest
 import sqlalchemy as sa
@@ -20,12 +19,12 @@ from app.console.forms import parse_labels
 from app.extensions import db
 from app.models import AuditEvent, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
 from app.timeutil import utcnow
-from tests.support import ADMIN, OPERATOR_KEY, factories
+from tests.support import ADMIN, factories
 from tests.support.bodies import RAW_INVENTORIES, new_uuid, strict_json
+from tests.support.console import sign_in
 
 INVENTORY = "/api/v1/agent/inventory"
 HEARTBEAT = "/api/v1/agent/heartbeat"
-CSRF = re.compile(r'name="csrf_token" type="hidden" value="([^"]+)"|name="csrf_token" value="([^"]+)"')
 
 
 def count(model) -> int:
@@ -39,12 +38,6 @@ def node(client):
     enrolled["auth"] = factories.bearer(enrolled["credential"])
     assert client.post(INVENTORY, json=factories.inventory_body(), headers=enrolled["auth"]).status_code == 200
     return enrolled
-
-
-def sign_in(client) -> None:
-    page = client.get("/login").get_data(as_text=True)
-    token = next(group for group in CSRF.search(page).groups() if group)
-    assert client.post("/login", data={"operator_key": OPERATOR_KEY, "csrf_token": token}).status_code == 302
 
 
 # --------------------------------------------------------------------------- GPUs and telemetry
@@ -203,7 +196,7 @@ def store_hostile_rows(app, node_id: str, dialect: str) -> None:
 
 def test_what_is_already_stored_never_breaks_the_node_page_the_list_or_the_api(app, client, node, database_url):
     store_hostile_rows(app, node["node_id"], database_url.split(":")[0].split("+")[0])
-    sign_in(client)
+    assert sign_in(client).status_code == 302
     page = client.get(f"/hardware/nodes/{node['node_id']}")
     assert page.status_code == 200
     html = page.get_data(as_text=True)

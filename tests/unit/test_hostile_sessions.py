@@ -19,16 +19,12 @@ from app.models import AuditEvent, Credential, Node, OperatorSession
 from app.timeutil import utcnow
 from tests import support
 from tests.support import OPERATOR_KEY, factories, file_modes
-from tests.support.console import COOKIE, HTMX, csrf_from
+from tests.support.console import COOKIE, HTMX, csrf_from, signed_in
 
 
 def signed_in_client(app):
     """A fresh browser with an operator session; `.csrf` holds its CSRF token."""
-    browser = app.test_client()
-    page = browser.get("/login").get_data(as_text=True)
-    assert browser.post("/login", data={"operator_key": OPERATOR_KEY, "csrf_token": csrf_from(page)}).status_code == 302
-    browser.csrf = csrf_from(browser.get("/hardware/nodes").get_data(as_text=True))
-    return browser
+    return signed_in(app.test_client())
 
 
 def replay(app, cookie_value: str):

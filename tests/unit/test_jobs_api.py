@@ -13,7 +13,7 @@ from app.models import AuditEvent, Job, NodeLease
 from app.timeutil import isoformat, utcnow
 from tests.support import ACQUIRE, ADMIN, factories
 from tests.support.jobs import add_job, add_root, claim
-from tests.support.nodes import agent, beat
+from tests.support.nodes import agent, beat, online_node
 
 COMMIT = "a" * 40
 
@@ -21,12 +21,7 @@ COMMIT = "a" * 40
 @pytest.fixture
 def node(client):
     """An enrolled, online node whose agent advertises artifact.acquire.v1."""
-    enrolled = factories.enrolled_node(client)
-    auth = factories.bearer(enrolled["credential"])
-    inventory = {**factories.inventory_body(), "capabilities": [ACQUIRE]}
-    assert client.post("/api/v1/agent/inventory", json=inventory, headers=auth).status_code == 200
-    assert client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=auth).status_code == 200
-    return {"id": enrolled["node_id"], "auth": auth}
+    return online_node(client, capabilities=[ACQUIRE])
 
 
 def actions(app, job_id):

@@ -13,6 +13,7 @@ from app.extensions import db
 from app.models import AuditEvent, Gpu, NodeLease, TelemetryRollup, TelemetrySample
 from app.timeutil import utcnow
 from tests.support import ADMIN, OPERATOR_KEY, factories
+from tests.support.nodes import online_node
 
 HEARTBEAT = "/api/v1/agent/heartbeat"
 
@@ -39,19 +40,12 @@ def events(app, action=None):
         return db.session.execute(query).all()
 
 
-def online_node(client):
-    node = factories.enrolled_node(client)
-    assert (
-        client.post(
-            HEARTBEAT, json=factories.heartbeat_body(), headers=factories.bearer(node["credential"])
-        ).status_code
-        == 200
-    )
-    return node
-
-
 def test_sweep_moves_silent_nodes_and_audits_each_transition_once(app, client):
-    fresh, quiet, gone = online_node(client), online_node(client), online_node(client)
+    fresh, quiet, gone = (
+        online_node(client, inventory=False),
+        online_node(client, inventory=False),
+        online_node(client, inventory=False),
+    )
     never = factories.enrolled_node(client)
     age_lease(app, quiet["node_id"], 60)
     age_lease(app, gone["node_id"], 500)
@@ -81,7 +75,12 @@ def test_sweep_moves_silent_nodes_and_audits_each_transition_once(app, client):
 
 
 def test_work_goes_only_to_online_enabled_compatible_nodes(app, client):
-    ready, quiet, disabled, old = online_node(client), online_node(client), online_node(client), online_node(client)
+    ready, quiet, disabled, old = (
+        online_node(client, inventory=False),
+        online_node(client, inventory=False),
+        online_node(client, inventory=False),
+        online_node(client, inventory=False),
+    )
     age_lease(app, quiet["node_id"], 60)
     client.post(f"/api/v1/admin/nodes/{disabled['node_id']}/disable", headers=ADMIN)
     client.post(

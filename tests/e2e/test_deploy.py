@@ -413,7 +413,7 @@ def test_the_proxy_reads_whole_requests_within_timeouts_and_the_apps_body_limits
     screenshots = r"location ~ \^/\(api/v1/admin\|hardware\)/nodes/\[\^/\]\+/acceptance/screenshots\$"
     assert re.search(screenshots + rf" \{{\s*client_max_body_size {upload_limit}m;", text)
     # One trusted hop: every forwarded value is this proxy's own, appended to what the client sent
-    # (tests/test_reverse_proxy.py runs this file with one hop and with two).
+    # (tests/e2e/test_reverse_proxy.py runs this file with one hop and with two).
     headers = directives["proxy_set_header"]
     assert "X-Forwarded-For $proxy_add_x_forwarded_for" in headers and "Host $http_host" in headers
     for name in ("Proto", "Host", "Port"):

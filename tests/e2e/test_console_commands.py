@@ -294,6 +294,7 @@ def test_start_removes_the_token_file_on_a_signal(node, sig):
             cwd=node.deploy,
             env=node.env("sleep"),
             start_new_session=True,
+            preexec_fn=default_signals,
             text=True,
         )
         try:
@@ -314,6 +315,14 @@ def test_start_removes_the_token_file_on_a_signal(node, sig):
     assert_no_secrets(out_path.read_text(), TOKEN)
 
 
+def default_signals() -> None:
+    """In the child before exec: SIGINT, SIGQUIT and SIGTERM as a person's shell gets them. A
+    suite started from a background job inherits them ignored, and bash keeps an ignored signal
+    ignored (and `trap -p` shows it), so each scenario sets up the dispositions it assumes."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class Terminal:
     """A program on a pseudo-terminal, as an admin sees it: what is typed, what is shown."""
 
@@ -329,6 +338,7 @@ class Terminal:
             cwd=node.deploy,
             env=node.env(behaviour, **extra),
             start_new_session=True,
+            preexec_fn=default_signals,
         )
         os.close(slave)
 

@@ -1,7 +1,7 @@
 """artifact.acquire.v1 against a stand-in Hub over real loopback HTTP (J1, J3).
 
 Nothing of the Hub is mocked: huggingface_hub and the agent's byte streaming talk to
-tests/hub_standin.py, which counts the bytes it serves and injects the faults. The job is run by
+tests/support/hub.py, which counts the bytes it serves and injects the faults. The job is run by
 calling `acquire_artifact` directly with a progress callback and a JobControl, as the agent's
 worker thread does.
 """
@@ -36,12 +36,6 @@ FILES = {
     "small.safetensors": b"\x00" * 1000,  # LFS by suffix only
     "notes/ignored.md": b"left out by ignore_patterns\n",
 }
-
-
-@pytest.fixture
-def hub():
-    with StandinHub() as standin:
-        yield standin
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 """The agent's side of the runtime worker (W1, W2, J2, A1, A3).
 
 The worker is the real one (`python -m modelforge_runtime_worker` on a CPU, with a tiny GGUF model
-from tests/tiny_gguf.py) wherever it can be made to do what a test needs; a stand-in socket server
+from tests/support/tiny_gguf.py) wherever it can be made to do what a test needs; a stand-in socket server
 answers only what the real worker never says (another protocol version, garbage, a stall). The
-control plane is the recording fake of tests/agent_support.py.
+control plane is the recording fake of tests/support/agent.py.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ LONG_BENCHMARK = {"prompt_tokens": 1024, "generate_tokens": 1000, "repetitions":
 @pytest.fixture
 def artifacts(tmp_path) -> Path:
     """The agent's (and worker's) artifact directory with one verified artifact holding a tiny model."""
-    tiny_gguf = pytest.importorskip("tests.tiny_gguf")
+    tiny_gguf = pytest.importorskip("tests.support.tiny_gguf")
     root = tmp_path / "artifacts"
     model = root / ARTIFACT / MODEL_FILE
     model.parent.mkdir(parents=True)
@@ -488,7 +488,7 @@ def test_bad_params_fail_naming_the_field_before_the_worker_is_asked(tmp_path, w
 
 
 def test_a_file_the_worker_cannot_load_fails_with_the_workers_code(tmp_path, worker, control_plane):
-    tiny_gguf = pytest.importorskip("tests.tiny_gguf")
+    tiny_gguf = pytest.importorskip("tests.support.tiny_gguf")
     model = worker.artifact_dir / ARTIFACT / MODEL_FILE
     tiny_gguf.write_not_gguf(model)
     write_manifest(worker.artifact_dir / ARTIFACT, {MODEL_FILE: model.stat().st_size})
