@@ -139,6 +139,9 @@ def api_schema(fuzz_app):
 schema = schemathesis.pytest.from_fixture("api_schema")
 
 
+# A property test: about 100 s of the unit tier on two cores. `make test` runs it; the inner loop
+# (`make test-fast`) leaves `slow` tests out.
+@pytest.mark.slow
 @schema.parametrize()
 @settings(
     max_examples=30,
