@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from tests.support import ADMIN, assert_no_secrets
+from tests.support import ADMIN, assert_no_secrets, wait_until
 from tests.support.agent import FAKE_RTX_4080, AgentProcess, fake_nvml_scenario, mint_token, nvidia_agent
 from tests.support.gunicorn import gunicorn_on_sqlite_copy
 
@@ -30,6 +30,11 @@ def wait_for_heartbeat_after(server, node_id, after: str | None, timeout: float 
             return current
         time.sleep(0.2)
     raise AssertionError(f"no heartbeat after {after} within {timeout}s")
+
+
+def beats_accepted(server) -> int:
+    """How many heartbeats gunicorn's access log shows answered 200."""
+    return len(re.findall(r'"POST /api/v1/agent/heartbeat HTTP/1.1" 200', server.log()))
 
 
 def test_enrol_publish_restart_without_token_keeps_identity(agent_server, tmp_path):
@@ -249,11 +254,11 @@ def test_the_agent_at_its_cadence_never_meets_the_per_node_rate(sqlite_template,
         agent = AgentProcess(tmp_path, server.url, MODELFORGE_AGENT_ENROLLMENT_TOKEN=minted["token"]).start()
         agent.wait_for(r"inventory published")
         node_id = agent.node_id()
-        time.sleep(4)  # about four beats at the one-second interval
+        wait_until(lambda: beats_accepted(server) >= 4, "four beats at the one-second interval", timeout=20)
         assert agent.stop() < 1.0
         restarted = AgentProcess(tmp_path, server.url).start()  # at once: inventory and beat again
         restarted.wait_for(r"inventory published")
-        time.sleep(3)
+        wait_until(lambda: beats_accepted(server) >= 6, "two beats more after the restart", timeout=20)
         assert node(server, node_id)["status"] == "online"
         assert restarted.stop() < 1.0
     accepted = re.findall(r'"POST /api/v1/agent/(heartbeat|inventory) HTTP/1.1" (\d+)', server.log())

@@ -16,7 +16,7 @@ from collections import Counter
 import requests
 import sqlalchemy as sa
 
-from tests.support import ADMIN, FAST_LIVENESS, OPERATOR_KEY, assert_no_secrets, truncate_all
+from tests.support import ADMIN, FAST_LIVENESS, OPERATOR_KEY, assert_no_secrets, truncate_all, wait_until
 from tests.support.agent import FAKE_RTX_4080, AgentProcess, fake_nvml_scenario
 from tests.support.alerts import HOOK_SECRET, Receiver
 from tests.support.gunicorn import GunicornServer
@@ -27,15 +27,6 @@ ENROLLED, OFFLINE, RETURNED = (
     "Node offline: alerting node",
     "Node back online: alerting node",
 )
-
-
-def wait_until(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def node_status(url: str, node_id: str) -> str:

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,7 +43,7 @@ from app.console.commands import (
     worker_start_command,
 )
 from modelforge_node_agent import State
-from tests.support import PROJECT_ROOT, assert_no_secrets
+from tests.support import PROJECT_ROOT, assert_no_secrets, wait_until
 from tests.support.compose_dotenv import read_compose_dotenv
 
 TOKEN = "mfe_" + secrets.token_urlsafe(32)
@@ -164,13 +163,6 @@ class Node:
 @pytest.fixture
 def node(tmp_path) -> Node:
     return Node(tmp_path)
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def output(result) -> str:
@@ -300,7 +292,7 @@ def test_start_removes_the_token_file_on_a_signal(node, sig):
         try:
             process.stdin.write(f"{TOKEN}\n")
             process.stdin.close()
-            wait_for(lambda: node.calls() != [], "the stand-in docker to start")
+            wait_until(lambda: node.calls() != [], "the stand-in docker to start")
             token_path = Path(node.calls()[0]["env_files"][0]["path"])
             assert token_path.exists()  # so it is the signal that removes it below
             os.killpg(process.pid, sig)
@@ -311,7 +303,7 @@ def test_start_removes_the_token_file_on_a_signal(node, sig):
                 process.wait(timeout=TIMEOUT)
     assert returncode in (128 + sig, -sig)
     # bash itself may die of SIGTERM before its subshell has run the trap: give that a moment.
-    wait_for(lambda: not token_path.exists() and node.leftovers() == [], "the token file to be removed")
+    wait_until(lambda: not token_path.exists() and node.leftovers() == [], "the token file to be removed")
     assert_no_secrets(out_path.read_text(), TOKEN)
 
 

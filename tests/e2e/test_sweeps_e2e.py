@@ -17,7 +17,7 @@ import pytest
 import requests
 import sqlalchemy as sa
 
-from tests.support import ADMIN, FAST_LIVENESS, PROJECT_ROOT, app_env, factories
+from tests.support import ADMIN, FAST_LIVENESS, PROJECT_ROOT, app_env, factories, wait_until
 from tests.support.agent import AgentProcess, mint_token
 from tests.support.gunicorn import GunicornServer, gunicorn_on_sqlite_copy
 
@@ -57,9 +57,14 @@ def test_stopped_agent_goes_stale_then_offline_and_returns_with_the_same_identit
 
     wait_for_action(fast_server, node_id, "node.stale")
     wait_for_action(fast_server, node_id, "node.offline")
-    first, second = node(fast_server, node_id), None
-    time.sleep(1.1)
-    second = node(fast_server, node_id)
+    first = node(fast_server, node_id)
+    second = wait_until(
+        lambda: (
+            (later := node(fast_server, node_id))["heartbeat_age_seconds"] > first["heartbeat_age_seconds"] and later
+        ),
+        "the offline node's heartbeat age to grow",
+        timeout=10,
+    )
     assert first["status"] == second["status"] == "offline"
     assert second["heartbeat_age_seconds"] > first["heartbeat_age_seconds"]  # a stopped agent keeps ageing
     assert first["last_heartbeat_at"] == second["last_heartbeat_at"]
@@ -155,14 +160,9 @@ def scheduler_pids(master_pid: int) -> list[int]:
     return [int(pid) for pid in found]
 
 
-def wait_until(condition, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
+def schedulers_running() -> str:
     running = subprocess.run(["pgrep", "-fa", "app.scheduler"], capture_output=True, text=True).stdout
-    raise AssertionError(f"condition not met in time; schedulers running:\n{running}")
+    return f"the schedulers to be as expected; running:\n{running}"
 
 
 def test_the_master_restarts_a_dead_scheduler_and_the_scheduler_dies_with_the_master(fast_server):
@@ -171,18 +171,18 @@ def test_the_master_restarts_a_dead_scheduler_and_the_scheduler_dies_with_the_ma
     def started() -> int:
         return len(re.findall(r"scheduler \S+ started", fast_server.log()))
 
-    wait_until(lambda: started() == 1 and len(scheduler_pids(master)) == 1)
+    wait_until(lambda: started() == 1 and len(scheduler_pids(master)) == 1, schedulers_running, timeout=15)
     (first,) = scheduler_pids(master)
     os.kill(first, signal.SIGKILL)
-    wait_until(lambda: scheduler_pids(master) not in ([], [first]), timeout=20)
+    wait_until(lambda: scheduler_pids(master) not in ([], [first]), schedulers_running, timeout=20)
     (second,) = scheduler_pids(master)
     assert second != first
-    wait_until(lambda: started() == 2)
+    wait_until(lambda: started() == 2, schedulers_running, timeout=15)
 
     # A master killed outright (no on_exit hook) must not leave an orphan sweeping on its own.
     os.kill(master, signal.SIGKILL)
     fast_server.process.wait()
-    wait_until(lambda: not os.path.exists(f"/proc/{second}"), timeout=10)
+    wait_until(lambda: not os.path.exists(f"/proc/{second}"), schedulers_running, timeout=10)
 
 
 def test_operator_can_run_the_sweeps_once_from_the_command_line(tmp_path, sqlite_template):

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import modelforge_node_agent as agent
+from tests.support import wait_until
 from tests.support.agent import FakeControlPlane, assert_matches_the_servers_schema, make_agent, make_config, runner_for
 from tests.support.worker import WorkerProcess
 
@@ -597,15 +598,6 @@ def test_a_killed_worker_fails_the_job_retryable_and_is_advertised_again_once_ba
     assert inventories[1]["runtime_worker_problem"] == f"connection refused at {socket_path}"
     assert control_plane.names().count("heartbeat") == 4
     assert caplog.text.count("runtime worker gone: ") == 1
-
-
-def wait_until(condition, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError("the condition did not hold within the timeout")
 
 
 # --------------------------------------------------------------------------- progress on the wire

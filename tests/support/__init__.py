@@ -10,6 +10,7 @@ import signal
 import socket
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -89,6 +90,20 @@ def assert_no_secrets(text: str, *secrets: str) -> None:
         assert secret not in text, "a secret appeared in the log"
     found = SECRET_PATTERN.findall(text)
     assert not found, f"something shaped like a secret appeared in the log: {found[0][:8]}…"
+
+
+def wait_until(condition, what="the condition", timeout: float = 30.0, interval: float = 0.05):
+    """Poll `condition()` until it returns something truthy, and return that; fail naming `what`
+    (a string, or a callable that describes the state at the deadline) after `timeout` seconds.
+    Tests wait on what they need, never a fixed time; a bound about timing says so where passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout} s: {what() if callable(what) else what}")
+        time.sleep(interval)
 
 
 def stop_process(process: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 10) -> None:
