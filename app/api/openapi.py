@@ -33,7 +33,8 @@ from app.metrics import views as metrics_views
 
 REF = "#/components/schemas/{model}"
 
-# Each error status in the one error shape (P5), in the same words wherever it is answered.
+# Each error status in the one error shape (P5), in the same words wherever it is answered; a 426
+# always carries the compatibility answer (A1).
 ERRORS: dict[int, tuple[type[replies.Error], str]] = {
     400: (replies.Error, "Invalid input; `error.field` names the field"),
     401: (replies.Error, "Missing or wrong credential"),
@@ -43,7 +44,11 @@ ERRORS: dict[int, tuple[type[replies.Error], str]] = {
     410: (replies.Error, "Gone: expired or revoked"),
     413: (replies.Error, "Body too large"),
     415: (replies.Error, "Body is not JSON"),
-    426: (replies.Error, "Protocol incompatible; the body carries `compatibility`"),
+    426: (
+        replies.ProtocolRefusal,
+        "Protocol incompatible: `protocol_version` is missing, not a whole number, or one this control plane "
+        "does not speak; `compatibility` says which (A1)",
+    ),
     429: (replies.Error, "Faster than the heartbeat interval allows; wait `Retry-After` seconds"),
 }
 DEFAULT_ERROR = (replies.Error, "Any other error, in the same shape")

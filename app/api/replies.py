@@ -81,6 +81,12 @@ class Error(Reply):
     expected_origin: str = None
 
 
+class ProtocolRefusal(Error):
+    """A1: 426 PROTOCOL_INCOMPATIBLE, always with the compatibility answer (TOO_OLD, TOO_NEW or UNKNOWN)."""
+
+    compatibility: Compatibility
+
+
 # --- Enrolment (E), credentials (I5), readiness (R) ---
 
 
