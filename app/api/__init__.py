@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from flask import Blueprint, Flask, jsonify, request
 
 from app import rules
@@ -17,10 +15,11 @@ bp = Blueprint("api", __name__, url_prefix="/api/v1")
 def _before_api_request():
     """Refuse undocumented query parameters (A5); start GETs as readers, not writers."""
     from app.api.openapi import query_parameters
+    from app.api.operations import openapi_path
     from app.api.validation import invalid
 
     if request.args and request.url_rule is not None:
-        path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", request.url_rule.rule)
+        path = openapi_path(request.url_rule.rule)
         unknown = sorted(set(request.args) - query_parameters(path, request.method.lower()))
         if unknown:
             raise invalid(unknown[0][:100], "is not a known query parameter")

@@ -7,8 +7,8 @@ from typing import NamedTuple
 from flask import current_app
 
 from app import enrollment, publishing, rate_limits
-from app.api import bodies, bp, json_response
-from app.api.auth import bearer_credential
+from app.api import bodies, bp, json_response, operations, replies
+from app.api.auth import NODE_SCHEME, bearer_credential
 from app.api.errors import ApiError, error_response
 from app.api.validation import invalid, json_object
 from app.compat import COMPATIBLE, compatibility
@@ -92,7 +92,17 @@ def _rate_limited(error: rate_limits.NodeRateLimited):
     return response
 
 
-@bp.post("/agent/enroll")
+@operations.post(
+    "/agent/enroll",
+    "Claim an enrolment token once; returns the node credential once (E2)",
+    description="A token is single use. One exception makes a lost reply harmless: the same node_id retrying "
+    "the same token before it expires, while the credential that claim issued has never been presented, gets "
+    "a fresh credential and the unused one is revoked (audited as credential.reissued). Any other second "
+    "claim is refused as before (409 ENROLLMENT_TOKEN_CONSUMED).",
+    body=bodies.EnrollRequest,
+    replies={201: (replies.Enrolled, "Enrolled")},
+    errors=(400, 401, 409, 410, 413, 415, 426),
+)
 def enroll():
     """Claim an enrolment token exactly once and receive the node credential (E2, E3, I2, I4)."""
     data = json_object()
@@ -127,7 +137,14 @@ def enroll():
     )
 
 
-@bp.post("/agent/inventory")
+@operations.post(
+    "/agent/inventory",
+    "Publish the node's inventory (N4)",
+    security=(NODE_SCHEME,),
+    body=bodies.InventoryRequest,
+    replies={200: (replies.Accepted, "Stored")},
+    errors=(400, 401, 403, 413, 415, 426, 429),
+)
 def inventory():
     """Store the node's latest inventory (N4)."""
     versions, answer, body, publisher = agent_request(bodies.InventoryRequest)
@@ -142,7 +159,16 @@ def inventory():
     return _reply(answer, status="accepted", node_id=publisher.node_id, **counts)
 
 
-@bp.post("/agent/heartbeat")
+@operations.post(
+    "/agent/heartbeat",
+    "Publish health and telemetry; the reply carries the next interval (A2)",
+    security=(NODE_SCHEME,),
+    body=bodies.HeartbeatRequest,
+    replies={
+        200: (replies.HeartbeatAccepted, "Recorded; `storage_roots` only when the agent's etag is out of date (J1)")
+    },
+    errors=(400, 401, 403, 413, 415, 426, 429),
+)
 def heartbeat():
     """Record liveness, health and telemetry; the reply carries the next interval (A2, L2)."""
     versions, answer, body, publisher = agent_request(bodies.HeartbeatRequest)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from flask import Response, request
 
-from app.api import bodies, bp, json_response
+from app.api import bodies, json_response, operations, replies
 from app.api.agent import agent_request
+from app.api.auth import NODE_SCHEME
 from app.config import current_settings
 from app.jobs import queue, runtime
+
+# J2: what refuses a report fenced by its attempt; one from an attempt the job moved past is 409 JOB_LEASE_LOST.
+FENCED = (400, 401, 403, 404, 409, 413, 415, 426)
 
 
 def _report(job_id: str, model: type[bodies.Body]) -> tuple[queue.Report, bodies.Body]:
@@ -15,7 +19,14 @@ def _report(job_id: str, model: type[bodies.Body]) -> tuple[queue.Report, bodies
     return queue.Report(node_id=sent.publisher.node_id, job_id=job_id, attempt=sent.body.attempt), sent.body
 
 
-@bp.post("/agent/jobs/claim")
+@operations.post(
+    "/agent/jobs/claim",
+    "The node's next job of an advertised type, or the one it runs (J2)",
+    security=(NODE_SCHEME,),
+    body=bodies.ClaimRequest,
+    replies={200: (replies.Claimed, "Claimed, with a lease"), 204: (None, "Nothing to do")},
+    errors=(400, 401, 403, 413, 415, 426),
+)
 def claim_job():
     """The node's next job of a type it advertised, or 204; the one it already runs comes back."""
     _, _, body, publisher = agent_request(bodies.ClaimRequest)
@@ -34,14 +45,28 @@ def claim_job():
     )
 
 
-@bp.post("/agent/jobs/<job_id>/progress")
+@operations.post(
+    "/agent/jobs/<job_id>/progress",
+    "Report progress and renew the lease; fenced by the attempt (J2)",
+    security=(NODE_SCHEME,),
+    body=bodies.ProgressRequest,
+    replies={200: (replies.LeaseRenewed, "Renewed")},
+    errors=FENCED,
+)
 def job_progress(job_id: str):
     """Progress renews the lease; the reply says whether the operator cancelled the job."""
     report, body = _report(job_id, bodies.ProgressRequest)
     return json_response(queue.progress(report, body.progress.stored(), current_settings()))
 
 
-@bp.post("/agent/jobs/<job_id>/complete")
+@operations.post(
+    "/agent/jobs/<job_id>/complete",
+    "The attempt succeeded (J2, J3)",
+    security=(NODE_SCHEME,),
+    body=bodies.CompleteRequest,
+    replies={200: (replies.JobOutcome, "Finished")},
+    errors=FENCED,
+)
 def job_complete(job_id: str):
     """The attempt succeeded; an acquire's artifact is recorded, a runtime result kept per node and model.
 
@@ -55,7 +80,14 @@ def job_complete(job_id: str):
     return json_response({"job": queue.complete(report, result.model_dump()).to_dict()})
 
 
-@bp.post("/agent/jobs/<job_id>/fail")
+@operations.post(
+    "/agent/jobs/<job_id>/fail",
+    "The attempt failed; retried while attempts remain and the class allows (J2)",
+    security=(NODE_SCHEME,),
+    body=bodies.FailRequest,
+    replies={200: (replies.JobOutcome, "Recorded")},
+    errors=FENCED,
+)
 def job_fail(job_id: str):
     """The attempt failed; retried with backoff while attempts remain and the failure allows it."""
     report, body = _report(job_id, bodies.FailRequest)

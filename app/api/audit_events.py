@@ -7,9 +7,13 @@ import re
 from flask import request
 
 from app import audit
-from app.api import bp, json_response
+from app.api import json_response, operations, replies
 from app.api.auth import admin_required
 from app.api.validation import invalid
+
+# P4: how many events a page holds, and the ids a page may start before; the document states both.
+LIMIT = (1, 1000)
+BEFORE_ID = (1, 2**62)
 
 
 def _int_arg(name: str, default: int | None, minimum: int, maximum: int) -> int | None:
@@ -26,12 +30,23 @@ def _int_arg(name: str, default: int | None, minimum: int, maximum: int) -> int 
     return value
 
 
-@bp.get("/admin/audit-events")
+@operations.get(
+    "/admin/audit-events",
+    "Audit events, newest first (P4)",
+    query={
+        "node_id": operations.TEXT,
+        "action": operations.TEXT,
+        "limit": {"type": "integer", "minimum": LIMIT[0], "maximum": LIMIT[1]},
+        "before_id": {"type": "integer", "minimum": BEFORE_ID[0], "maximum": BEFORE_ID[1]},
+    },
+    replies={200: (replies.AuditEvents, "Events")},
+    errors=(400, 401),
+)
 @admin_required
 def list_audit_events():
     """Audit events newest first; filter by node_id and action; page with before_id."""
-    limit = _int_arg("limit", 100, 1, 1000)
-    before_id = _int_arg("before_id", None, 1, 2**62)
+    limit = _int_arg("limit", 100, *LIMIT)
+    before_id = _int_arg("before_id", None, *BEFORE_ID)
     found = audit.events(
         limit=limit, node_id=request.args.get("node_id"), action=request.args.get("action"), before_id=before_id
     )

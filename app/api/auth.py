@@ -11,6 +11,9 @@ from app.api.errors import ApiError
 from app.config import current_settings
 
 ADMIN_HEADER = "X-ModelForge-Admin-Token"
+# The OpenAPI security schemes these checks are (app/api/openapi.py describes each).
+ADMIN_SCHEME = "adminToken"
+NODE_SCHEME = "nodeCredential"
 
 
 def admin_required(view):
@@ -36,6 +39,7 @@ def admin_required(view):
             )
         return view(*args, **kwargs)
 
+    wrapper.security_schemes = (ADMIN_SCHEME,)  # the document's security follows the check (operations.route)
     return wrapper
 
 

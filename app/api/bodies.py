@@ -28,7 +28,7 @@ from pydantic import (
     field_validator,
 )
 
-from app import rules
+from app import compat, rules
 from app.acceptance.container import MAX_INSPECT_CHARS
 from app.api.validation import invalid
 from app.enrollment import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
@@ -154,8 +154,18 @@ class Body(BaseModel):
 class Versions(Body):
     """A1: what every agent request says about itself."""
 
-    # Any value is read: compatibility decides (426 for anything but a supported whole number).
-    protocol_version: Annotated[int, Field(json_schema_extra={"examples": [1]})]
+    # Any JSON value is read, never refused as malformed: `versions_of` answers it first, with 426 and
+    # the compatibility object for anything but a supported whole number, so only those reach here.
+    protocol_version: Annotated[
+        Any,
+        Field(
+            description="The agent protocol it speaks (A1). A value of any JSON type is read: anything but a "
+            "whole number this control plane speaks is answered 426 with `compatibility` (UNKNOWN for what "
+            f"is not a whole number in 0–{compat.MAX_PROTOCOL_VERSION}, TOO_OLD or TOO_NEW for one it does not "
+            "speak), never a 400.",
+            json_schema_extra={"examples": [1]},
+        ),
+    ]
     agent_version: text(64)
 
 

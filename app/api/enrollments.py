@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import request
 
 from app import enrollment, readiness
-from app.api import bodies, bp, json_response
+from app.api import bodies, json_response, operations, replies
 from app.api.auth import admin_required
 from app.api.validation import invalid, json_object
 from app.config import current_settings
@@ -13,7 +13,13 @@ from app.models import EnrollmentState
 from app.public_origin import current_api_origin
 
 
-@bp.post("/admin/node-enrollments")
+@operations.post(
+    "/admin/node-enrollments",
+    "Mint a one-time enrolment token (E1)",
+    body=bodies.EnrollmentCreate,
+    replies={201: (replies.MintedEnrollment, "Created; `token` appears here only")},
+    errors=(400, 401, 413, 415),
+)
 @admin_required
 def create_enrollment():
     """Mint a one-time enrolment token; the token appears in this response only."""
@@ -24,7 +30,13 @@ def create_enrollment():
     return json_response({**minted.to_dict(), "token": token}, 201)
 
 
-@bp.get("/admin/node-enrollments")
+@operations.get(
+    "/admin/node-enrollments",
+    "List enrolments, newest first, without tokens",
+    query={"state": {"enum": list(EnrollmentState)}},
+    replies={200: (replies.Enrollments, "Enrolments")},
+    errors=(400, 401),
+)
 @admin_required
 def list_enrollments():
     """Enrolments, newest first, without tokens; `?state=` filters."""
@@ -34,21 +46,36 @@ def list_enrollments():
     return json_response({"enrollments": [item.to_dict() for item in enrollment.list_all(state)]})
 
 
-@bp.get("/admin/node-enrollments/<enrollment_id>")
+@operations.get(
+    "/admin/node-enrollments/<enrollment_id>",
+    "One enrolment",
+    replies={200: (replies.Enrollment, "The enrolment")},
+    errors=(401, 404),
+)
 @admin_required
 def get_enrollment(enrollment_id: str):
     """One enrolment, without its token."""
     return json_response(enrollment.get(enrollment_id).to_dict())
 
 
-@bp.post("/admin/node-enrollments/<enrollment_id>/revoke")
+@operations.post(
+    "/admin/node-enrollments/<enrollment_id>/revoke",
+    "Revoke an unused token",
+    replies={200: (replies.Enrollment, "Revoked")},
+    errors=(401, 404, 409),
+)
 @admin_required
 def revoke_enrollment(enrollment_id: str):
     """Revoke an unused token."""
     return json_response(enrollment.revoke(enrollment_id).to_dict())
 
 
-@bp.get("/admin/node-enrollments/<enrollment_id>/readiness")
+@operations.get(
+    "/admin/node-enrollments/<enrollment_id>/readiness",
+    "Readiness of the node that consumed this enrolment (R2)",
+    replies={200: (replies.Readiness, "Readiness")},
+    errors=(401, 404),
+)
 @admin_required
 def enrollment_readiness(enrollment_id: str):
     """R2: readiness of the node that consumed this enrolment, for the wizard to poll."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import request
 
-from app.api import bodies, bp, json_response
+from app.api import bodies, json_response, operations, replies
 from app.api.auth import admin_required
 from app.api.validation import invalid, json_object
 from app.jobs import artifacts, queue, runtime, storage
@@ -12,7 +12,13 @@ from app.models import JobState
 from app.nodes import get as get_node
 
 
-@bp.post("/admin/nodes/<node_id>/storage-roots")
+@operations.post(
+    "/admin/nodes/<node_id>/storage-roots",
+    "Register a storage root on a node (J1)",
+    body=bodies.StorageRootCreate,
+    replies={201: (replies.StorageRoot, "Registered")},
+    errors=(400, 401, 404, 409, 413, 415),
+)
 @admin_required
 def create_storage_root(node_id: str):
     """J1: register a root on a node."""
@@ -21,7 +27,12 @@ def create_storage_root(node_id: str):
     return json_response(root.to_dict(), 201)
 
 
-@bp.get("/admin/nodes/<node_id>/storage-roots")
+@operations.get(
+    "/admin/nodes/<node_id>/storage-roots",
+    "A node's storage roots, with what the agent last observed (J1)",
+    replies={200: (replies.StorageRoots, "Roots")},
+    errors=(401, 404),
+)
 @admin_required
 def list_storage_roots(node_id: str):
     """J1: a node's roots with what the agent last observed of each."""
@@ -29,7 +40,12 @@ def list_storage_roots(node_id: str):
     return json_response({"storage_roots": [root.to_dict() for root in storage.for_node(node_id)]})
 
 
-@bp.delete("/admin/storage-roots/<root_id>")
+@operations.delete(
+    "/admin/storage-roots/<root_id>",
+    "Forget a storage root; refused while a job uses it (J1)",
+    replies={200: (replies.Deleted, "Deleted")},
+    errors=(401, 404, 409),
+)
 @admin_required
 def delete_storage_root(root_id: str):
     """J1: forget a root (its files stay on the node); 409 while a job uses it."""
@@ -37,7 +53,13 @@ def delete_storage_root(root_id: str):
     return json_response({"deleted": root_id})
 
 
-@bp.post("/admin/jobs")
+@operations.post(
+    "/admin/jobs",
+    "Queue a typed job for a node (J2)",
+    body=bodies.JobCreate,
+    replies={201: (replies.Job, "The job")},
+    errors=(400, 401, 404, 409, 413, 415),
+)
 @admin_required
 def create_job():
     """J2: queue a typed job for a node."""
@@ -46,7 +68,18 @@ def create_job():
     return json_response(job.to_dict(), 201)
 
 
-@bp.get("/admin/jobs")
+@operations.get(
+    "/admin/jobs",
+    "Jobs newest first, filtered; `next_before` pages on (J2, J4)",
+    query={
+        "node_id": operations.TEXT,
+        "type": {"enum": list(queue.TYPES)},
+        "state": {"enum": list(JobState)},
+        "before": {"type": "string", "format": "uuid", "pattern": bodies.UUID_PATTERN},
+    },
+    replies={200: (replies.JobsPage, "Jobs")},
+    errors=(400, 401),
+)
 @admin_required
 def list_jobs():
     """J2: jobs newest first, filtered by node, type and state, a page at a time."""
@@ -65,28 +98,43 @@ def list_jobs():
     return json_response({"jobs": [job.to_dict() for job in found], "next_before": next_before})
 
 
-@bp.get("/admin/jobs/<job_id>")
+@operations.get("/admin/jobs/<job_id>", "One job (J2)", replies={200: (replies.Job, "The job")}, errors=(401, 404))
 @admin_required
 def get_job(job_id: str):
     """J2: one job."""
     return json_response(queue.get(job_id).to_dict())
 
 
-@bp.post("/admin/jobs/<job_id>/cancel")
+@operations.post(
+    "/admin/jobs/<job_id>/cancel",
+    "Cancel a queued job, or tell a running one to stop (J2)",
+    replies={200: (replies.Job, "The job")},
+    errors=(401, 404, 409),
+)
 @admin_required
 def cancel_job(job_id: str):
     """J2: cancel a queued job at once, or tell a running one to stop."""
     return json_response(queue.cancel(job_id).to_dict())
 
 
-@bp.post("/admin/jobs/<job_id>/retry")
+@operations.post(
+    "/admin/jobs/<job_id>/retry",
+    "Run a failed or cancelled job again as a new attempt (J2)",
+    replies={200: (replies.Job, "The job")},
+    errors=(401, 404, 409),
+)
 @admin_required
 def retry_job(job_id: str):
     """J2: run a failed or cancelled job again, as a new attempt."""
     return json_response(queue.retry(job_id).to_dict())
 
 
-@bp.get("/admin/nodes/<node_id>/artifacts")
+@operations.get(
+    "/admin/nodes/<node_id>/artifacts",
+    "The node's verified artifacts (J3)",
+    replies={200: (replies.Artifacts, "Artifacts")},
+    errors=(401, 404),
+)
 @admin_required
 def list_artifacts(node_id: str):
     """J3: what the node holds, verified."""
@@ -94,7 +142,12 @@ def list_artifacts(node_id: str):
     return json_response({"artifacts": [artifact.to_dict() for artifact in artifacts.for_node(node_id)]})
 
 
-@bp.get("/admin/nodes/<node_id>/runtime-results")
+@operations.get(
+    "/admin/nodes/<node_id>/runtime-results",
+    "The node's benchmark runs per model, newest first, and its last smoke test (W2)",
+    replies={200: (replies.RuntimeResults, "Results")},
+    errors=(401, 404),
+)
 @admin_required
 def runtime_results(node_id: str):
     """W2: the node's benchmark runs per model, newest first, and its last smoke test."""

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from app import nodes, readiness
-from app.api import bp, json_response
+from app.api import json_response, operations, replies
 from app.api.auth import admin_required
 from app.config import current_settings
 
 
-@bp.get("/hardware/nodes")
+@operations.get("/hardware/nodes", "All nodes", replies={200: (replies.Nodes, "Nodes")}, errors=(401,))
 @admin_required
 def list_nodes():
     """Every node with status, inventory, GPUs, latest telemetry and credential metadata."""
     return json_response({"nodes": nodes.describe(None, current_settings())})
 
 
-@bp.get("/hardware/nodes/<node_id>")
+@operations.get("/hardware/nodes/<node_id>", "One node", replies={200: (replies.Node, "The node")}, errors=(401, 404))
 @admin_required
 def get_node(node_id: str):
     """One node in the wire format."""
@@ -25,7 +25,12 @@ def get_node(node_id: str):
     return json_response(described[0])
 
 
-@bp.post("/admin/nodes/<node_id>/credential/rotate")
+@operations.post(
+    "/admin/nodes/<node_id>/credential/rotate",
+    "Issue a new credential once and invalidate the old one (I5)",
+    replies={201: (replies.IssuedCredential, "The new credential, shown once")},
+    errors=(401, 404),
+)
 @admin_required
 def rotate_credential(node_id: str):
     """Issue a new credential (shown once) and invalidate the old one."""
@@ -33,7 +38,12 @@ def rotate_credential(node_id: str):
     return json_response({"credential": secret, "node_id": node_id, **credential.to_dict()}, 201)
 
 
-@bp.post("/admin/nodes/<node_id>/credential/revoke")
+@operations.post(
+    "/admin/nodes/<node_id>/credential/revoke",
+    "Revoke the active credential (I5)",
+    replies={200: (replies.RevokedCredential, "Revoked")},
+    errors=(401, 404, 409),
+)
 @admin_required
 def revoke_credential(node_id: str):
     """Leave the node with no active credential."""
@@ -41,7 +51,12 @@ def revoke_credential(node_id: str):
     return json_response({"node_id": node_id, **credential.to_dict()})
 
 
-@bp.post("/admin/nodes/<node_id>/disable")
+@operations.post(
+    "/admin/nodes/<node_id>/disable",
+    "Disable the node (I6)",
+    replies={200: (replies.Node, "Disabled")},
+    errors=(401, 404),
+)
 @admin_required
 def disable_node(node_id: str):
     """Make the node ineligible and refuse its publications at once."""
@@ -49,7 +64,12 @@ def disable_node(node_id: str):
     return json_response(nodes.describe([node_id], current_settings())[0])
 
 
-@bp.post("/admin/nodes/<node_id>/enable")
+@operations.post(
+    "/admin/nodes/<node_id>/enable",
+    "Enable the node (I6)",
+    replies={200: (replies.Node, "Enabled")},
+    errors=(401, 404),
+)
 @admin_required
 def enable_node(node_id: str):
     """Undo disable."""
@@ -57,7 +77,12 @@ def enable_node(node_id: str):
     return json_response(nodes.describe([node_id], current_settings())[0])
 
 
-@bp.get("/admin/nodes/<node_id>/readiness")
+@operations.get(
+    "/admin/nodes/<node_id>/readiness",
+    "Is this exact node ready, check by check (R1, R2)",
+    replies={200: (replies.Readiness, "Readiness")},
+    errors=(401, 404),
+)
 @admin_required
 def node_readiness(node_id: str):
     """R2: is this exact node ready, check by check."""

@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from app import tokens
-from app.api.auth import ADMIN_HEADER
+from app.api import operations
+from app.api.auth import ADMIN_HEADER, ADMIN_SCHEME
 from app.api.errors import error_response
 from app.config import current_settings
 from app.db import begin_read_only
@@ -18,6 +19,7 @@ from app.metrics import PATH, collect, http
 from app.timeutil import utcnow
 
 bp = Blueprint("metrics", __name__)
+METRICS_SCHEME = "metricsToken"  # MODELFORGE_METRICS_TOKEN as a bearer token (app/api/openapi.py)
 MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 NEXT_STEP = (
     "Send `Authorization: Bearer <MODELFORGE_METRICS_TOKEN>` (Prometheus: authorization.credentials_file) "
@@ -70,7 +72,17 @@ def exposition() -> bytes:
     return fleet.encode("utf-8") + generate_latest(http_registry())
 
 
-@bp.get(PATH)
+@operations.route(
+    bp,
+    "GET",
+    PATH,
+    "Prometheus metrics (O1): fleet, GPU, job, sweep and HTTP series",
+    description="The Prometheus text format. Never anonymous: the operator key (in its header or as a bearer "
+    "token) or MODELFORGE_METRICS_TOKEN as a bearer token.",
+    security=(ADMIN_SCHEME, METRICS_SCHEME),
+    replies={200: ({"text/plain": {"type": "string"}}, "The text exposition format 0.0.4")},
+    errors=(401,),
+)
 def metrics():
     """The Prometheus text exposition of every series, read now."""
     refusal = _refusal()

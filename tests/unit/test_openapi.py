@@ -256,3 +256,50 @@ def test_the_document_names_each_job_types_params():
         "BenchmarkResult",
         "GenerateResult",
     }
+
+
+# A1: a value of every JSON type, and whole numbers no agent speaks, with the answer each gets.
+UNSUPPORTED_PROTOCOL_VERSIONS = [
+    ("1", "UNKNOWN"),
+    (1.5, "UNKNOWN"),
+    (None, "UNKNOWN"),
+    (True, "UNKNOWN"),
+    ([1], "UNKNOWN"),
+    ({"version": 1}, "UNKNOWN"),
+    (2**63, "UNKNOWN"),
+    (0, "TOO_OLD"),
+    (2, "TOO_NEW"),
+]
+
+
+def _agent_json_operations() -> list[tuple[str, dict]]:
+    """Every agent operation that takes a JSON body, its path made concrete."""
+    return [
+        (path.replace("{job_id}", str(uuid.uuid4())), item["post"])
+        for path, item in document()["paths"].items()
+        if path.startswith("/api/v1/agent/") and "application/json" in item["post"]["requestBody"]["content"]
+    ]
+
+
+def _component(schema: dict) -> dict:
+    """The component schema a reference names, or the schema itself."""
+    return document()["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]] if "$ref" in schema else schema
+
+
+@pytest.mark.parametrize(("protocol_version", "answer"), UNSUPPORTED_PROTOCOL_VERSIONS)
+def test_any_protocol_version_is_answered_426_with_compatibility_as_documented(client, protocol_version, answer):
+    """A1: no protocol_version is malformed (400): the document admits any, and its 426 carries the answer."""
+    credential = factories.enrolled_node(client)["credential"]
+    components = document()["components"]
+    for path, operation in _agent_json_operations():
+        body_schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        field = {"$ref": body_schema["$ref"] + "/properties/protocol_version", "components": components}
+        assert Draft202012Validator(field).is_valid(protocol_version), (path, "the document refuses it")
+        refusal = _component(operation["responses"]["426"]["content"]["application/json"]["schema"])
+        assert "compatibility" in refusal.get("required", []), (path, "the documented 426 may lack compatibility")
+
+        sent = {**factories.versions(protocol_version), "capabilities": []}
+        response = client.post(path, json=sent, headers={"Authorization": f"Bearer {credential}"})
+        assert response.status_code == 426, path
+        assert response.get_json()["compatibility"]["protocol_version"] == protocol_version
+        assert response.get_json()["compatibility"]["answer"] == answer
