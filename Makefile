@@ -52,7 +52,7 @@ test: $(TEST_INSTALLED)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 ## The inner loop: the unit tier on SQLite only, less its `slow` property tests (about a minute). Run it after each change;
-## run `make test` before a commit lands (docs/architecture.md says which tier a test goes in).
+## run `make test` before a commit lands (docs/testing.md says which tier a test goes in).
 test-fast: $(TEST_INSTALLED)
 	$(BIN)/python -m pytest tests/unit --sqlite-only -m 'not slow' -n $(PYTEST_FAST_WORKERS) $(PYTEST_ARGS)
 PYTEST_FAST_WORKERS ?= 2
@@ -61,7 +61,7 @@ lint: $(TEST_INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-## Benchmarks print figures; see README.
+## Benchmarks print figures; docs/benchmarks.md says what each measures and its latest figures.
 bench: $(TEST_INSTALLED)
 	$(BIN)/python bench/heartbeat.py
 
