@@ -1,7 +1,8 @@
 """ModelForge node agent: one file that runs on every GPU host and only ever dials out.
 
-Sections: constants, configuration, NVML and preflight, inventory, state, HTTP client,
-storage roots, jobs client, acquire, runtime worker, publishing loop, command line. Standard
+Sections, each using only what the ones above it define: constants, configuration, NVML and
+preflight, inventory, state, HTTP client, storage roots, jobs client, acquire, runtime worker,
+publishing loop, command line. Standard
 library + requests + nvidia-ml-py; huggingface_hub is imported only while an artifact.acquire.v1
 job runs, so an idle agent stays small. Runtime jobs run in the separate runtime worker (W1),
 which the agent reaches over a Unix socket.
@@ -536,6 +537,27 @@ def preflight_report(result: Preflight) -> str:
 # --------------------------------------------------------------------------- inventory
 
 
+def short_text(value: object, limit: int) -> str | None:
+    """A string from outside (nvidia-smi, the runtime worker) as the inventory may carry it:
+    printable, at most `limit` characters; None for anything that is not a string."""
+    if not isinstance(value, str):
+        return None
+    return "".join(char if char.isprintable() else "?" for char in value[:limit])
+
+
+def label(value: object, limit: int) -> str | None:
+    """short_text() without outer spaces, or None when nothing is left: a name that must say something."""
+    text = short_text(value, limit)
+    if text is None or not text.strip():
+        return None
+    return text.strip()
+
+
+def whole_number(value: object) -> int | None:
+    """A non-negative JSON integer, or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -818,6 +840,14 @@ class PublishError(Exception):
         return f"{self.kind} on {self.method} {self.path}"
 
 
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header's delay in seconds (the form this control plane sends), at most an
+    hour so a wrong header cannot silence the node; None when absent or an HTTP date."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(min(int(value.strip()), RETRY_AFTER_MAX_SECONDS))
+
+
 class Client:
     """Outbound-only HTTP to the control plane (P1)."""
 
@@ -871,12 +901,42 @@ class Client:
         return reply
 
 
-def retry_after_seconds(value: str | None) -> float | None:
-    """A Retry-After header's delay in seconds (the form this control plane sends), at most an
-    hour so a wrong header cannot silence the node; None when absent or an HTTP date."""
-    if value is None or not value.strip().isdigit():
-        return None
-    return float(min(int(value.strip()), RETRY_AFTER_MAX_SECONDS))
+def wire_versions() -> dict[str, object]:
+    """The version fields every agent request carries (A1)."""
+    return {"protocol_version": PROTOCOL_VERSION, "agent_version": AGENT_VERSION}
+
+
+class Backoff:
+    """A4: bounded exponential backoff, 1 s → 16 s, with jitter."""
+
+    def __init__(self, low: float = BACKOFF_MIN_SECONDS, high: float = BACKOFF_MAX_SECONDS) -> None:
+        self.low, self.high = low, high
+        self.attempt = 0
+        self.held = False
+
+    def next_delay(self) -> float:
+        """The nominal delay for this failure, then doubled for the next (capped)."""
+        delay = self.high if self.held else min(self.high, self.low * 2 ** min(self.attempt, 16))
+        self.attempt = min(self.attempt + 1, 99)  # bounded: hours of outage must not overflow
+        return delay
+
+    def hold_at_max(self) -> None:
+        """Wait the longest delay until the next success: retrying sooner would be refused again."""
+        self.held = True
+
+    @staticmethod
+    def jittered(delay: float) -> float:
+        """Up to ±20 % jitter so many nodes do not retry in lock step."""
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        """After a success, start again from the bottom."""
+        self.attempt = 0
+        self.held = False
+
+    def describe(self) -> str:
+        """The range, as the A3 log line shows it."""
+        return f"{self.low:g}s…{self.high:g}s"
 
 
 # --------------------------------------------------------------------------- storage roots
@@ -1043,23 +1103,6 @@ class StorageRoots:
 JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 
 
-def wire_versions() -> dict[str, object]:
-    """The version fields every agent request carries (A1)."""
-    return {"protocol_version": PROTOCOL_VERSION, "agent_version": AGENT_VERSION}
-
-
-def advertised_capabilities(worker_compatible: bool = False) -> list[str]:
-    """The job types this agent can run (J2): those with a handler whose library is installed,
-    and the runtime types only while a compatible runtime worker answers (W1). The library is
-    only looked for here, not imported, so an idle agent stays small."""
-    return [
-        job_type
-        for job_type in JOB_HANDLERS
-        if all(importlib.util.find_spec(module) is not None for module in JOB_LIBRARIES.get(job_type, ()))
-        and (worker_compatible or job_type not in RUNTIME_JOB_TYPES)
-    ]
-
-
 class JobFailure(Exception):
     """A job that cannot finish: its error code, a message without any secret, and whether a
     later attempt may succeed (J2: network, Hub 5xx, stall, a corrupt byte) or not (the rest)."""
@@ -1221,6 +1264,18 @@ JobHandler = Callable[[Job, Config, JobControl, Callable[[Progress], None]], dic
 JOB_HANDLERS: dict[str, JobHandler] = {}
 JOB_LIBRARIES: dict[str, tuple[str, ...]] = {}
 JOB_SUMMARIES: dict[str, Callable[[dict[str, object]], str]] = {}
+
+
+def advertised_capabilities(worker_compatible: bool = False) -> list[str]:
+    """The job types this agent can run (J2): those with a handler whose library is installed,
+    and the runtime types only while a compatible runtime worker answers (W1). The library is
+    only looked for here, not imported, so an idle agent stays small."""
+    return [
+        job_type
+        for job_type in JOB_HANDLERS
+        if all(importlib.util.find_spec(module) is not None for module in JOB_LIBRARIES.get(job_type, ()))
+        and (worker_compatible or job_type not in RUNTIME_JOB_TYPES)
+    ]
 
 
 def result_summary(job_type: str, result: dict[str, object]) -> str:
@@ -1727,6 +1782,14 @@ def open_dir_chain(base_fd: int, parts: list[str], *, create: bool) -> int:
         raise
 
 
+def with_missing_ok(function: Callable, *args, **kwargs) -> None:
+    """Call `function`, ignoring only a path that is already gone."""
+    try:
+        function(*args, **kwargs)
+    except FileNotFoundError:
+        pass
+
+
 def write_json_at(dir_fd: int, name: str, data: dict[str, object]) -> None:
     """Write JSON atomically (temp file, fsync, rename) in the directory `dir_fd`."""
     temp = f".{name}.{uuid.uuid4().hex}.tmp"
@@ -1755,14 +1818,6 @@ def read_json_at(dir_fd: int, name: str) -> dict[str, object] | None:
         except ValueError:
             return None
     return value if isinstance(value, dict) else None
-
-
-def with_missing_ok(function: Callable, *args, **kwargs) -> None:
-    """Call `function`, ignoring only a path that is already gone."""
-    try:
-        function(*args, **kwargs)
-    except FileNotFoundError:
-        pass
 
 
 class PartialDir:
@@ -1955,6 +2010,14 @@ def quarantine(source: str, quarantine_dir: Path, name: str, reason: dict[str, o
     finally:
         os.close(fd)
     return destination
+
+
+def storage_failure(error: OSError, container_path: str) -> JobFailure:
+    """A filesystem error while writing, as J1's codes (never a fall back to another path)."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return JobFailure(STORAGE_CAPACITY_GUARD, f"{container_path} ran out of space", retryable=False)
+    reason = error.strerror or type(error).__name__
+    return JobFailure(STORAGE_ROOT_UNAVAILABLE, f"{container_path}: {reason}", retryable=False)
 
 
 class _VerificationFailed(Exception):
@@ -2335,14 +2398,6 @@ class Acquisition:
         }
 
 
-def storage_failure(error: OSError, container_path: str) -> JobFailure:
-    """A filesystem error while writing, as J1's codes (never a fall back to another path)."""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return JobFailure(STORAGE_CAPACITY_GUARD, f"{container_path} ran out of space", retryable=False)
-    reason = error.strerror or type(error).__name__
-    return JobFailure(STORAGE_ROOT_UNAVAILABLE, f"{container_path}: {reason}", retryable=False)
-
-
 def acquire_artifact(
     params: dict[str, object],
     hub: HubSettings,
@@ -2432,27 +2487,6 @@ JOB_SUMMARIES[ACQUIRE_JOB_TYPE] = acquire_summary
 
 WORKER_JOB_STATES = ("running", "succeeded", "failed", "cancelled")
 ERROR_CODE_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
-
-
-def short_text(value: object, limit: int) -> str | None:
-    """A string from the worker as the inventory may carry it: printable, at most `limit`
-    characters; None for anything that is not a string."""
-    if not isinstance(value, str):
-        return None
-    return "".join(char if char.isprintable() else "?" for char in value[:limit])
-
-
-def label(value: object, limit: int) -> str | None:
-    """short_text() without outer spaces, or None when nothing is left: a name that must say something."""
-    text = short_text(value, limit)
-    if text is None or not text.strip():
-        return None
-    return text.strip()
-
-
-def whole_number(value: object) -> int | None:
-    """A non-negative JSON integer, or None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 class WorkerError(Exception):
@@ -2998,39 +3032,6 @@ JOB_SUMMARIES[RUNTIME_GENERATE_JOB_TYPE] = generate_summary
 
 
 # --------------------------------------------------------------------------- publishing loop
-
-
-class Backoff:
-    """A4: bounded exponential backoff, 1 s → 16 s, with jitter."""
-
-    def __init__(self, low: float = BACKOFF_MIN_SECONDS, high: float = BACKOFF_MAX_SECONDS) -> None:
-        self.low, self.high = low, high
-        self.attempt = 0
-        self.held = False
-
-    def next_delay(self) -> float:
-        """The nominal delay for this failure, then doubled for the next (capped)."""
-        delay = self.high if self.held else min(self.high, self.low * 2 ** min(self.attempt, 16))
-        self.attempt = min(self.attempt + 1, 99)  # bounded: hours of outage must not overflow
-        return delay
-
-    def hold_at_max(self) -> None:
-        """Wait the longest delay until the next success: retrying sooner would be refused again."""
-        self.held = True
-
-    @staticmethod
-    def jittered(delay: float) -> float:
-        """Up to ±20 % jitter so many nodes do not retry in lock step."""
-        return delay * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        """After a success, start again from the bottom."""
-        self.attempt = 0
-        self.held = False
-
-    def describe(self) -> str:
-        """The range, as the A3 log line shows it."""
-        return f"{self.low:g}s…{self.high:g}s"
 
 
 class Exit(Exception):
