@@ -7,14 +7,13 @@ then renames the whole directory to `<root>/<repo_type>s/<owner>/<name>/<commit>
 A file that does not match sends the attempt's files to quarantine, never deleted.
 
 The core (modelforge_node_agent) imports this module only when it claims the first acquire job,
-and HubClient imports huggingface_hub; the module registers its handler at the bottom.
+so huggingface_hub and its transport load with it; the module registers its handler at the bottom.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
-import importlib
 import json
 import os
 import re
@@ -25,6 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
+
+import httpx2  # huggingface_hub's own HTTP library
+import huggingface_hub
+import requests
+import urllib3
+from huggingface_hub import errors as hub_errors
+from huggingface_hub import utils as hub_utils
+from huggingface_hub.hf_api import RepoFile, RepoFolder
 
 from modelforge_node_agent import (
     ACQUIRE_JOB_TYPE,
@@ -221,43 +228,36 @@ def describe_url(method: str, url: str) -> str:
     return f"{method} {parts.hostname}{parts.path}"
 
 
-_hub_timeout: float | None = None
+# What a Hub API call may raise: the library's HTTP errors, its transport's, and what a malformed
+# answer makes it (or us) raise; api_failure() makes each one of our codes.
+HUB_API_ERRORS = (hub_errors.HfHubHTTPError, httpx2.HTTPError, OSError, ValueError, KeyError, TypeError)
+# What reading a file's bytes may raise when the connection breaks; and which of those are a stall.
+BODY_ERRORS = (urllib3.exceptions.HTTPError, requests.exceptions.RequestException)
+STALL_ERRORS = (requests.exceptions.Timeout, urllib3.exceptions.ReadTimeoutError)
 
 
 class HubClient:
-    """The Hugging Face Hub: huggingface_hub (imported here, only when a job runs) resolves the
-    revision, lists the tree, filters it and builds URLs and headers; the bytes come through
-    requests so they are hashed as they are written and resumed with Range (J3)."""
+    """The Hugging Face Hub: huggingface_hub resolves the revision, lists the tree, filters it and
+    builds URLs and headers; the bytes come through requests so they are hashed as they are
+    written and resumed with Range (J3).
+
+    Every Hub call carries the stall limit itself: huggingface_hub's shared client waits forever
+    by default, and it is the whole process's, so it is left as it is rather than reconfigured."""
 
     def __init__(self, hub: HubSettings) -> None:
-        global _hub_timeout
         self.hub = hub
-        self.hf = importlib.import_module("huggingface_hub")
-        self.errors = importlib.import_module("huggingface_hub.errors")
-        self.utils = importlib.import_module("huggingface_hub.utils")
-        transport = importlib.import_module("httpx2")  # huggingface_hub's own HTTP library
         # Our log lines name each failure (A3 style); the library's own retry chatter would not.
-        self.utils.logging.set_verbosity_error()
-        if _hub_timeout != hub.stall_seconds:
-            # huggingface_hub's shared client waits forever by default: a stalled tree listing
-            # would hang the job, so its reads get the same stall limit as the bytes.
-            timeout = transport.Timeout(hub.stall_seconds, connect=CONNECT_TIMEOUT_SECONDS)
-            self.hf.set_client_factory(lambda: transport.Client(follow_redirects=True, timeout=timeout))
-            _hub_timeout = hub.stall_seconds
-        self.api_errors = (self.errors.HfHubHTTPError, transport.HTTPError, OSError, ValueError, KeyError, TypeError)
-        self.timeout_errors = (transport.TimeoutException,)
-        self.api = self.hf.HfApi(
+        hub_utils.logging.set_verbosity_error()
+        self.api = huggingface_hub.HfApi(
             endpoint=hub.endpoint,
             token=hub.token or False,  # False: never a token from ~/.cache or HF_TOKEN, only ours
             library_name="modelforge-node-agent",
             library_version=AGENT_VERSION,
         )
+        self.headers = hub_utils.build_hf_headers(
+            token=hub.token or False, library_name="modelforge-node-agent", library_version=AGENT_VERSION
+        )
         self.origin = origin_of(hub.endpoint)
-        import requests
-        import urllib3
-
-        self.requests, self.urllib3 = requests, urllib3
-        self.body_errors = (urllib3.exceptions.HTTPError, requests.exceptions.RequestException)
         self.session = requests.Session()
 
     def close(self) -> None:
@@ -266,14 +266,13 @@ class HubClient:
 
     def api_failure(self, error: Exception, what: str) -> JobFailure:
         """A huggingface_hub or transport error as one of our codes (J2 classes), without the token."""
-        errors = self.errors
         status = getattr(getattr(error, "response", None), "status_code", None)
-        if isinstance(error, errors.GatedRepoError):
+        if isinstance(error, hub_errors.GatedRepoError):
             message = f"{what}: the repository is gated (HTTP {status}); {TOKEN_HINT}"
             return JobFailure(HUB_AUTH_REQUIRED, message, retryable=False)
-        if isinstance(error, errors.RevisionNotFoundError):
+        if isinstance(error, hub_errors.RevisionNotFoundError):
             return JobFailure(HUB_REVISION_NOT_FOUND, f"{what}: no such revision (HTTP {status})", retryable=False)
-        if isinstance(error, errors.RepositoryNotFoundError | errors.DisabledRepoError) or status == 404:
+        if isinstance(error, hub_errors.RepositoryNotFoundError | hub_errors.DisabledRepoError) or status == 404:
             # The Hub answers a private repository exactly like a missing one (401 without a token).
             hint = "" if self.hub.token else "; if it is private, set MODELFORGE_HF_TOKEN"
             message = f"{what}: no such repository (HTTP {status}){hint}"
@@ -281,7 +280,7 @@ class HubClient:
         if status in (401, 403):
             who = "the Hub refused MODELFORGE_HF_TOKEN" if self.hub.token else "no MODELFORGE_HF_TOKEN is set"
             return JobFailure(HUB_AUTH_REQUIRED, f"{what}: HTTP {status} ({who}); {TOKEN_HINT}", retryable=False)
-        if isinstance(error, errors.HFValidationError):
+        if isinstance(error, hub_errors.HFValidationError):
             return JobFailure(JOB_PARAMS_INVALID, f"{what}: huggingface_hub refused the name", retryable=False)
         if isinstance(error, KeyError | TypeError):
             message = f"{what}: an entry lacks a field huggingface_hub needs ({type(error).__name__})"
@@ -289,7 +288,7 @@ class HubClient:
         if status is not None:
             retryable = status >= 500 or status in (408, 429)
             return JobFailure(HUB_UNAVAILABLE, f"{what}: HTTP {status} from the Hub", retryable=retryable)
-        if isinstance(error, self.timeout_errors):
+        if isinstance(error, httpx2.TimeoutException):
             message = f"{what}: the Hub did not answer within {self.hub.stall_seconds:g}s"
             return JobFailure(HUB_UNAVAILABLE, message, retryable=True)
         return JobFailure(HUB_UNAVAILABLE, f"{what}: {type(error).__name__}", retryable=True)
@@ -301,7 +300,7 @@ class HubClient:
             info = self.api.repo_info(
                 request.repo_id, revision=revision, repo_type=request.repo_type, timeout=self.hub.stall_seconds
             )
-        except self.api_errors as error:
+        except HUB_API_ERRORS as error:
             raise self.api_failure(error, what) from None
         commit = getattr(info, "sha", None)
         if not isinstance(commit, str) or not COMMIT_PATTERN.fullmatch(commit):
@@ -309,21 +308,26 @@ class HubClient:
         return commit
 
     def list_files(self, request: AcquireRequest, commit: str) -> list[RemoteFile]:
-        """The tree at the commit, recursively, every path checked, then filtered by the patterns."""
+        """The tree at the commit, recursively, every path checked, then filtered by the patterns.
+
+        The pages come through huggingface_hub's paginate(), which (unlike list_repo_tree) takes a
+        timeout per call: the same Hub endpoint, entries and retries, with the stall limit."""
         what = f"listing {request.repo_id}@{commit}"
+        url = f"{self.hub.endpoint}/api/{request.repo_type}s/{request.repo_id}/tree/{commit}"
+        params = {"recursive": True, "expand": False}
         try:
-            entries = list(
-                self.api.list_repo_tree(request.repo_id, recursive=True, revision=commit, repo_type=request.repo_type)
-            )
-        except self.api_errors as error:
+            entries = [
+                RepoFile(**item) if item["type"] == "file" else RepoFolder(**item)
+                for item in hub_utils.paginate(url, params, self.headers, timeout=self.hub.stall_seconds)
+            ]
+        except HUB_API_ERRORS as error:
             raise self.api_failure(error, what) from None
-        repo_file = self.hf.hf_api.RepoFile
         for entry in entries:
-            if not isinstance(entry, repo_file):
+            if not isinstance(entry, RepoFile):
                 safe_repo_path(entry.path)  # folders are never created from the listing, but a hostile one is refused
-        files = [remote_file(entry) for entry in entries if isinstance(entry, repo_file)]
+        files = [remote_file(entry) for entry in entries if isinstance(entry, RepoFile)]
         refuse_conflicts(files)
-        kept = self.utils.filter_repo_objects(
+        kept = hub_utils.filter_repo_objects(
             files,
             allow_patterns=request.allow_patterns,
             ignore_patterns=request.ignore_patterns,
@@ -334,12 +338,10 @@ class HubClient:
     def open_file(self, request: AcquireRequest, commit: str, path: str, offset: int):
         """GET the file at the commit from `offset` (Range), following redirects by hand so the
         token goes only to the Hub endpoint's own origin, never to the LFS CDN (J3)."""
-        url = self.hf.hf_hub_url(
+        url = huggingface_hub.hf_hub_url(
             request.repo_id, path, repo_type=request.repo_type, revision=commit, endpoint=self.hub.endpoint
         )
-        headers = self.utils.build_hf_headers(
-            token=self.hub.token or False, library_name="modelforge-node-agent", library_version=AGENT_VERSION
-        )
+        headers = dict(self.headers)
         headers["Accept-Encoding"] = "identity"  # byte offsets must mean the file's bytes
         if offset:
             headers["Range"] = f"bytes={offset}-"
@@ -380,8 +382,7 @@ class HubClient:
 
     def is_stall(self, error: Exception) -> bool:
         """Whether a transfer error is a read that waited stall_seconds for a byte."""
-        stalls = (self.requests.exceptions.Timeout, self.urllib3.exceptions.ReadTimeoutError)
-        return isinstance(error, stalls) or any(isinstance(arg, stalls) for arg in error.args)
+        return isinstance(error, STALL_ERRORS) or any(isinstance(arg, STALL_ERRORS) for arg in error.args)
 
 
 def with_missing_ok(function: Callable, *args, **kwargs) -> None:
@@ -836,7 +837,6 @@ class Acquisition:
 
     def transfer(self, fd: int, remote: RemoteFile, state: _FileState) -> None:
         """One GET from `state.have` on, written and hashed chunk by chunk."""
-        requests = self.hub.requests
         started_at = state.have
         try:
             response = self.hub.open_file(self.request, self.commit, remote.path, state.have)
@@ -871,7 +871,7 @@ class Acquisition:
         read = getattr(raw, "read1", None) or raw.read  # urllib3 < 2 has no read1
         try:
             return read(DOWNLOAD_CHUNK_BYTES, decode_content=False)
-        except self.hub.body_errors as error:
+        except BODY_ERRORS as error:
             failure = self.network_failure(error, remote, describe_url("GET", response.url))
             raise _TransferBroken(failure, progressed=state.have > started_at) from None
 

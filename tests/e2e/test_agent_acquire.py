@@ -401,6 +401,25 @@ def test_a_stall_with_no_byte_fails_the_attempt_retryable_and_one_after_progress
     assert acquire(hub.url, place, attempt=2, stall=0.4)["files"] == 1
 
 
+def test_the_stall_limit_holds_for_the_hubs_api_too(hub, place):
+    # huggingface_hub's shared client waits forever; each of the agent's calls carries the limit.
+    commit = hub.add_repo(REPO, FILES)
+    hub.stall(f"/api/models/{REPO}/revision/main", after_bytes=0, seconds=30)
+    started = time.monotonic()
+    failure = failure_of(hub.url, place, stall=0.4)
+    assert time.monotonic() - started < 5
+    assert (failure.code, failure.retryable) == (acquire_job.HUB_UNAVAILABLE, True)
+    assert "did not answer within 0.4s" in failure.message
+
+    # A tree listing that stalls is cut off too, and asked again (huggingface_hub's retry).
+    hub.reset_faults()
+    hub.stall(f"/api/models/{REPO}/tree/{commit}", after_bytes=0, seconds=30)
+    started = time.monotonic()
+    assert acquire(hub.url, place, attempt=2, stall=0.4)["commit"] == commit
+    assert time.monotonic() - started < 15  # not the stall's 30 s
+    assert len([record for record in hub.requests if record.path == f"/api/models/{REPO}/tree/{commit}"]) == 2
+
+
 def test_an_unreachable_hub_is_retryable(place):
     with StandinHub() as gone:
         url = gone.url
