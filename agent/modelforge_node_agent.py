@@ -1,10 +1,14 @@
-"""ModelForge node agent: one file that runs on every GPU host and only ever dials out.
+"""ModelForge node agent: the core that runs on every GPU host and only ever dials out.
 
-Sections: constants, configuration, NVML and preflight, inventory, state, HTTP client,
-storage roots, jobs client, acquire, runtime worker, publishing loop, command line. Standard
-library + requests + nvidia-ml-py; huggingface_hub is imported only while an artifact.acquire.v1
-job runs, so an idle agent stays small. Runtime jobs run in the separate runtime worker (W1),
-which the agent reaches over a Unix socket.
+Sections, each using only what the ones above it define: constants, configuration, NVML and
+preflight, inventory, state, HTTP client, storage roots, runtime worker, jobs, safe paths, job
+registry and runner, publishing loop, command line. Standard library + requests + nvidia-ml-py.
+
+Each job family is a module beside this file that registers its handler when it is imported, and
+it is imported only when a job of its type is claimed (JOB_FAMILIES), so an idle agent stays
+small: modelforge_agent_acquire runs artifact.acquire.v1 with huggingface_hub (J3), and
+modelforge_agent_runtime relays runtime.benchmark.v1 and runtime.generate.v1 to the separate
+runtime worker (W1) over its Unix socket.
 
     python3 -m modelforge_node_agent [--preflight] [--once] [--version]
 """
@@ -28,7 +32,6 @@ import re
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -37,10 +40,10 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import quote, urljoin, urlsplit
+from urllib.parse import quote, urlsplit
 
 # --------------------------------------------------------------------------- constants
 
@@ -68,21 +71,17 @@ RETRY_AFTER_MAX_SECONDS = 3600  # A2: the longest Retry-After the agent honours 
 # Example hosts from our docs: an agent pointed at one was never configured.
 PLACEHOLDER_HOSTS = ("modelforge.example", "example.com", "example.internal")
 
-# J2: the job types this agent can run, and the job error codes it reports or is answered with.
+# J2: the job types this agent can run (JOB_FAMILIES says which module runs each), and the job
+# error codes the core reports or is answered with; each family's module names its own.
 ACQUIRE_JOB_TYPE = "artifact.acquire.v1"
-STORAGE_CAPACITY_GUARD = "STORAGE_CAPACITY_GUARD"
-STORAGE_ROOT_UNAVAILABLE = "STORAGE_ROOT_UNAVAILABLE"
-HUB_REPO_NOT_FOUND = "HUB_REPO_NOT_FOUND"
-HUB_REVISION_NOT_FOUND = "HUB_REVISION_NOT_FOUND"
-HUB_AUTH_REQUIRED = "HUB_AUTH_REQUIRED"
-HUB_UNAVAILABLE = "HUB_UNAVAILABLE"
-ARTIFACT_VERIFICATION_FAILED = "ARTIFACT_VERIFICATION_FAILED"
+RUNTIME_BENCHMARK_JOB_TYPE = "runtime.benchmark.v1"
+RUNTIME_GENERATE_JOB_TYPE = "runtime.generate.v1"
 ARTIFACT_PATH_UNSAFE = "ARTIFACT_PATH_UNSAFE"
-HUB_TREE_INVALID = "HUB_TREE_INVALID"
 JOB_LEASE_LOST = "JOB_LEASE_LOST"
 JOB_CANCELLED = "JOB_CANCELLED"
 JOB_PARAMS_INVALID = "JOB_PARAMS_INVALID"
 JOB_TYPE_UNSUPPORTED = "JOB_TYPE_UNSUPPORTED"
+RUNTIME_WORKER_UNAVAILABLE = "RUNTIME_WORKER_UNAVAILABLE"
 
 # V1: the GPU facts nvidia-smi prints, relayed raw beside NVML's for the control plane to compare.
 NVIDIA_SMI_ARGS = ("--query-gpu=name,uuid,driver_version,memory.total", "--format=csv,noheader")
@@ -94,27 +93,16 @@ STALL_SECONDS = 30.0  # J2: a transfer with no byte for this long is a stall (MO
 PROGRESS_INTERVAL_SECONDS = 10.0  # when a claim names none
 STORAGE_REPORT_SECONDS = 60.0  # J1: root observations go out at least this often
 NOTABLE_FREE_CHANGE = 0.01  # … and sooner when free space moves by 1 % of the filesystem
-DOWNLOAD_CHUNK_BYTES = 1 << 20
-CAPACITY_CHECK_BYTES = 4 << 20  # J1: statvfs again after every 4 MiB written
-TRANSFER_RETRIES = 3  # a transfer that broke after making progress resumes at once, this often per file
 FINAL_REPORT_PATIENCE_SECONDS = 600.0  # how long a complete/fail report is retried while unreachable
-MANIFEST_NAME = "modelforge-manifest.json"
+MANIFEST_NAME = "modelforge-manifest.json"  # J3: an acquire writes it; a runtime job trusts only what it lists
 
-# W1: the runtime worker, its job types and the protocol versions of its socket this agent speaks.
-RUNTIME_BENCHMARK_JOB_TYPE = "runtime.benchmark.v1"
-RUNTIME_GENERATE_JOB_TYPE = "runtime.generate.v1"
-RUNTIME_JOB_TYPES = (RUNTIME_BENCHMARK_JOB_TYPE, RUNTIME_GENERATE_JOB_TYPE)
-RUNTIME_WORKER_UNAVAILABLE = "RUNTIME_WORKER_UNAVAILABLE"
-MODEL_FILE_INVALID = "MODEL_FILE_INVALID"
+# W1: the runtime worker and the protocol versions of its socket this agent speaks.
 WORKER_PROTOCOLS = (1,)
 DEFAULT_WORKER_SOCKET = "/run/modelforge/worker.sock"
 UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one NUL
 WORKER_CONNECT_TIMEOUT_SECONDS = 1.0  # a local socket answers at once or not at all
 WORKER_READ_TIMEOUT_SECONDS = 5.0
 WORKER_REPLY_MAX_BYTES = 1 << 20  # a generate result of 16 prompts is far below this
-WORKER_POLL_SECONDS = 0.25
-WORKER_POLL_TIMEOUTS = 3  # this many timed-out polls in a row: the worker is gone
-WORKER_CANCEL_WAIT_SECONDS = 5.0  # W1: a cancelled job stops within a second; wait a little longer
 MAX_WORKER_DEVICES = 64
 JOB_STOP_GRACE_SECONDS = 1.0  # how long a stopping agent lets a running job tell its worker
 
@@ -536,6 +524,27 @@ def preflight_report(result: Preflight) -> str:
 # --------------------------------------------------------------------------- inventory
 
 
+def short_text(value: object, limit: int) -> str | None:
+    """A string from outside (nvidia-smi, the runtime worker) as the inventory may carry it:
+    printable, at most `limit` characters; None for anything that is not a string."""
+    if not isinstance(value, str):
+        return None
+    return "".join(char if char.isprintable() else "?" for char in value[:limit])
+
+
+def label(value: object, limit: int) -> str | None:
+    """short_text() without outer spaces, or None when nothing is left: a name that must say something."""
+    text = short_text(value, limit)
+    if text is None or not text.strip():
+        return None
+    return text.strip()
+
+
+def whole_number(value: object) -> int | None:
+    """A non-negative JSON integer, or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def _read(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -818,6 +827,14 @@ class PublishError(Exception):
         return f"{self.kind} on {self.method} {self.path}"
 
 
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header's delay in seconds (the form this control plane sends), at most an
+    hour so a wrong header cannot silence the node; None when absent or an HTTP date."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(min(int(value.strip()), RETRY_AFTER_MAX_SECONDS))
+
+
 class Client:
     """Outbound-only HTTP to the control plane (P1)."""
 
@@ -871,12 +888,42 @@ class Client:
         return reply
 
 
-def retry_after_seconds(value: str | None) -> float | None:
-    """A Retry-After header's delay in seconds (the form this control plane sends), at most an
-    hour so a wrong header cannot silence the node; None when absent or an HTTP date."""
-    if value is None or not value.strip().isdigit():
-        return None
-    return float(min(int(value.strip()), RETRY_AFTER_MAX_SECONDS))
+def wire_versions() -> dict[str, object]:
+    """The version fields every agent request carries (A1)."""
+    return {"protocol_version": PROTOCOL_VERSION, "agent_version": AGENT_VERSION}
+
+
+class Backoff:
+    """A4: bounded exponential backoff, 1 s → 16 s, with jitter."""
+
+    def __init__(self, low: float = BACKOFF_MIN_SECONDS, high: float = BACKOFF_MAX_SECONDS) -> None:
+        self.low, self.high = low, high
+        self.attempt = 0
+        self.held = False
+
+    def next_delay(self) -> float:
+        """The nominal delay for this failure, then doubled for the next (capped)."""
+        delay = self.high if self.held else min(self.high, self.low * 2 ** min(self.attempt, 16))
+        self.attempt = min(self.attempt + 1, 99)  # bounded: hours of outage must not overflow
+        return delay
+
+    def hold_at_max(self) -> None:
+        """Wait the longest delay until the next success: retrying sooner would be refused again."""
+        self.held = True
+
+    @staticmethod
+    def jittered(delay: float) -> float:
+        """Up to ±20 % jitter so many nodes do not retry in lock step."""
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        """After a success, start again from the bottom."""
+        self.attempt = 0
+        self.held = False
+
+    def describe(self) -> str:
+        """The range, as the A3 log line shows it."""
+        return f"{self.low:g}s…{self.high:g}s"
 
 
 # --------------------------------------------------------------------------- storage roots
@@ -1037,1422 +1084,12 @@ class StorageRoots:
             self.reported_at = now
 
 
-# --------------------------------------------------------------------------- jobs client
-
-# A job id names a directory (<root>/.partial/<job_id>/) and a URL segment: letters, digits, - and _.
-JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-
-
-def wire_versions() -> dict[str, object]:
-    """The version fields every agent request carries (A1)."""
-    return {"protocol_version": PROTOCOL_VERSION, "agent_version": AGENT_VERSION}
-
-
-def advertised_capabilities(worker_compatible: bool = False) -> list[str]:
-    """The job types this agent can run (J2): those with a handler whose library is installed,
-    and the runtime types only while a compatible runtime worker answers (W1). The library is
-    only looked for here, not imported, so an idle agent stays small."""
-    return [
-        job_type
-        for job_type in JOB_HANDLERS
-        if all(importlib.util.find_spec(module) is not None for module in JOB_LIBRARIES.get(job_type, ()))
-        and (worker_compatible or job_type not in RUNTIME_JOB_TYPES)
-    ]
-
-
-class JobFailure(Exception):
-    """A job that cannot finish: its error code, a message without any secret, and whether a
-    later attempt may succeed (J2: network, Hub 5xx, stall, a corrupt byte) or not (the rest)."""
-
-    def __init__(self, code: str, message: str, *, retryable: bool) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code, self.message, self.retryable = code, message, retryable
-
-    def to_wire(self) -> dict[str, str]:
-        """The `error` of a fail report."""
-        return {"code": self.code, "message": self.message[:1000]}
-
-
-class JobAbandoned(Exception):
-    """Stop the job and report nothing: its lease is lost or the agent is stopping; partial files stay."""
-
-
-class LeaseLost(Exception):
-    """409 JOB_LEASE_LOST: this attempt no longer owns the job (J2 fencing)."""
-
-    def __init__(self, error: PublishError) -> None:
-        super().__init__(error.describe())
-        self.error = error
-
-
-class JobControl:
-    """How a running job is told to stop, checked between chunks: cancelled (clean up, report
-    JOB_CANCELLED) or abandoned (lease lost, agent stopping: keep the partial files, report nothing)."""
-
-    def __init__(self) -> None:
-        self.cancelled = threading.Event()
-        self.abandoned = threading.Event()
-        self.stopped = threading.Event()  # either of the two
-        self.reason = ""
-
-    def cancel(self) -> None:
-        """An operator cancelled the job."""
-        self.cancelled.set()
-        self.stopped.set()
-
-    def abandon(self, reason: str) -> None:
-        """Stop without a report."""
-        self.reason = reason
-        self.abandoned.set()
-        self.stopped.set()
-
-    def wait(self, seconds: float) -> None:
-        """Sleep up to `seconds`, waking at once when the job is told to stop."""
-        self.stopped.wait(seconds)
-
-    def check(self) -> None:
-        """Raise if the job must stop now."""
-        if self.abandoned.is_set():
-            raise JobAbandoned(self.reason)
-        if self.cancelled.is_set():
-            raise JobFailure(JOB_CANCELLED, "cancelled by an operator", retryable=False)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """How far a job is (J4 shows it as bytes and files; a runtime job as its phase and steps)."""
-
-    bytes_done: int = 0
-    bytes_total: int = 0
-    files_done: int = 0
-    files_total: int = 0
-    phase: str | None = None
-    steps_done: int | None = None
-    steps_total: int | None = None
-
-    def to_wire(self) -> dict[str, object]:
-        """The `progress` of a progress report: the four counts, and the runtime fields only when
-        set (an acquire sends exactly the four)."""
-        return {key: value for key, value in asdict(self).items() if value is not None}
-
-
-@dataclass(frozen=True)
-class Job:
-    """A claimed job (J2): the attempt number is the fencing token every report carries."""
-
-    id: str
-    type: str
-    attempt: int
-    params: dict[str, object]
-    max_attempts: int | None = None
-    progress_interval: float = PROGRESS_INTERVAL_SECONDS
-    lease_seconds: float | None = None
-
-    @classmethod
-    def from_claim(cls, value: object) -> Job | None:
-        """The job of a claim reply, or None when it lacks what any report on it needs."""
-        item = as_dict(value)
-        job_id, attempt = item.get("id"), item.get("attempt")
-        if isinstance(job_id, int) and not isinstance(job_id, bool):
-            job_id = str(job_id)
-        if not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id):
-            return None
-        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
-            return None
-
-        def number(name: str, low: float, high: float) -> float | None:
-            raw = item.get(name)
-            ok = isinstance(raw, int | float) and not isinstance(raw, bool) and low <= raw <= high
-            return float(raw) if ok else None
-
-        max_attempts = item.get("max_attempts")
-        return cls(
-            id=job_id,
-            type=item.get("type") if isinstance(item.get("type"), str) else "",
-            attempt=attempt,
-            params=as_dict(item.get("params")),
-            max_attempts=max_attempts if isinstance(max_attempts, int) and not isinstance(max_attempts, bool) else None,
-            progress_interval=number("progress_interval_seconds", 0.05, 3600) or PROGRESS_INTERVAL_SECONDS,
-            lease_seconds=number("lease_seconds", 1, 86400),
-        )
-
-    def describe(self) -> str:
-        """`job <id> (<type>, attempt <n>)` for log lines."""
-        return f"job {self.id} ({self.type or 'no type'}, attempt {self.attempt})"
-
-
-class JobsClient:
-    """The agent's side of the job endpoints (J2); a 409 JOB_LEASE_LOST is raised as LeaseLost."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    def _post(self, path: str, body: dict[str, object]) -> dict[str, object]:
-        try:
-            return self.client.post(path, {**wire_versions(), **body})
-        except PublishError as error:
-            if error.status == 409 and error.code == JOB_LEASE_LOST:
-                raise LeaseLost(error) from None
-            raise
-
-    def claim(self, capabilities: list[str]) -> dict[str, object]:
-        """POST …/jobs/claim: the reply's `job`, or an empty reply (204) when none is waiting."""
-        return self._post("/api/v1/agent/jobs/claim", {"capabilities": capabilities})
-
-    def progress(self, job: Job, progress: Progress) -> dict[str, object]:
-        """POST …/progress: renews the lease; the reply says whether an operator cancelled."""
-        return self._post(
-            f"/api/v1/agent/jobs/{job.id}/progress", {"attempt": job.attempt, "progress": progress.to_wire()}
-        )
-
-    def complete(self, job: Job, result: dict[str, object]) -> None:
-        """POST …/complete with the job's result."""
-        self._post(f"/api/v1/agent/jobs/{job.id}/complete", {"attempt": job.attempt, "result": result})
-
-    def fail(self, job: Job, failure: JobFailure) -> None:
-        """POST …/fail with the error and whether a retry may help."""
-        body = {"attempt": job.attempt, "error": failure.to_wire(), "retryable": failure.retryable}
-        self._post(f"/api/v1/agent/jobs/{job.id}/fail", body)
-
-
-JobHandler = Callable[[Job, Config, JobControl, Callable[[Progress], None]], dict[str, object]]
-# Job type → the function that runs it, the libraries it imports when it runs, and how the log
-# line of its success sums its result up; each job section below registers its own.
-JOB_HANDLERS: dict[str, JobHandler] = {}
-JOB_LIBRARIES: dict[str, tuple[str, ...]] = {}
-JOB_SUMMARIES: dict[str, Callable[[dict[str, object]], str]] = {}
-
-
-def result_summary(job_type: str, result: dict[str, object]) -> str:
-    """A few words on a job's result for its success log line (never the whole result)."""
-    summary = JOB_SUMMARIES.get(job_type)
-    return summary(result) if summary is not None else "result with " + ", ".join(sorted(result)[:8])
-
-
-class JobRunner:
-    """One claimed job in a worker thread, so heartbeats go on (J2): progress every interval,
-    then exactly one complete or fail report, or none when the lease was lost."""
-
-    def __init__(
-        self,
-        job: Job,
-        client: JobsClient,
-        config: Config,
-        shutdown: threading.Event,
-        handlers: dict[str, JobHandler] | None = None,
-    ) -> None:
-        self.job, self.client, self.config, self.shutdown = job, client, config, shutdown
-        self.handlers = handlers if handlers is not None else JOB_HANDLERS
-        self.control = JobControl()
-        self.finished = threading.Event()
-        self._progress = Progress()
-        self._lock = threading.Lock()
-        self.failure: JobFailure | None = None  # how the attempt failed, once it has
-        self.thread = threading.Thread(target=self.run, name=f"job-{job.id}", daemon=True)
-
-    def start(self) -> JobRunner:
-        """Run the job in its own thread."""
-        self.thread.start()
-        return self
-
-    def alive(self) -> bool:
-        """Whether the job is still running."""
-        return self.thread.is_alive()
-
-    def on_progress(self, progress: Progress) -> None:
-        """Called by the job as it goes; the reporter thread sends the latest on its interval."""
-        with self._lock:
-            self._progress = progress
-
-    def latest_progress(self) -> Progress:
-        """The last progress the job gave."""
-        with self._lock:
-            return self._progress
-
-    def run(self) -> None:
-        """Run the handler while a reporter thread sends progress, then report the outcome."""
-        job = self.job
-        log.info("%s claimed", job.describe())
-        reporter = threading.Thread(target=self.report_progress_loop, name=f"job-{job.id}-progress", daemon=True)
-        reporter.start()
-        result: dict[str, object] | None = None
-        failure: JobFailure | None = None
-        try:
-            result = self.execute()
-        except JobAbandoned as abandoned:
-            log.info("%s stopped (%s); its partial files are kept for the next attempt", job.describe(), abandoned)
-        except JobFailure as error:
-            failure = error
-        except Exception as error:  # the worker thread must always end the job's story with a report
-            log.exception("%s: unexpected %s", job.describe(), type(error).__name__)
-            failure = JobFailure("AGENT_INTERNAL_ERROR", f"the agent hit {type(error).__name__}", retryable=True)
-        finally:
-            self.finished.set()
-            reporter.join()
-        if failure is not None:
-            self.failure = failure
-            log.warning(
-                "%s failed: %s %s (%s)",
-                job.describe(),
-                failure.code,
-                failure.message,
-                "retryable" if failure.retryable else "not retryable",
-            )
-            self.deliver("fail", lambda: self.client.fail(job, failure))
-        elif result is not None and self.send_progress():
-            log.info("%s succeeded: %s", job.describe(), result_summary(job.type, result))
-            self.deliver("complete", lambda: self.client.complete(job, result))
-
-    def execute(self) -> dict[str, object]:
-        """Dispatch to the handler for the job's type."""
-        handler = self.handlers.get(self.job.type)
-        if handler is None:
-            raise JobFailure(JOB_TYPE_UNSUPPORTED, f"this agent does not run {self.job.type!r} jobs", retryable=False)
-        return handler(self.job, self.config, self.control, self.on_progress)
-
-    def report_progress_loop(self) -> None:
-        """Every progress interval until the job ends: report, and stop the job if told to."""
-        while not self.finished.wait(self.job.progress_interval):
-            if self.shutdown.is_set():
-                self.control.abandon("the agent is stopping")
-                return
-            if not self.send_progress():
-                return  # the lease is lost: no report of this attempt is ever sent again
-
-    def send_progress(self) -> bool:
-        """One progress report; False once the lease is lost. An unreachable control plane is
-        only logged: the job goes on and the next interval tries again (the lease may lapse)."""
-        try:
-            reply = self.client.progress(self.job, self.latest_progress())
-        except LeaseLost as lost:
-            log.warning("%s: %s; this attempt stops and reports nothing more", self.job.describe(), lost)
-            self.control.abandon("lease lost")
-            return False
-        except PublishError as error:
-            log.warning("%s; the job goes on, next report in %gs", error.describe(), self.job.progress_interval)
-            return True
-        if reply.get("cancel_requested") is True and not self.control.cancelled.is_set():
-            log.info("%s: cancel requested", self.job.describe())
-            self.control.cancel()
-        return True
-
-    def deliver(self, what: str, send: Callable[[], None]) -> None:
-        """Send the final report, retrying an unreachable control plane with backoff for a while;
-        a 409 lease lost or another refusal is never retried."""
-        backoff = Backoff()
-        deadline = time.monotonic() + FINAL_REPORT_PATIENCE_SECONDS
-        while True:
-            try:
-                send()
-                return
-            except LeaseLost as lost:
-                log.warning("%s: %s; the %s report is dropped", self.job.describe(), lost, what)
-                return
-            except PublishError as error:
-                if error.status is not None and error.status < 500:
-                    log.error("%s: %s; the %s report was refused", self.job.describe(), error.describe(), what)
-                    return
-                delay = backoff.next_delay()
-                if time.monotonic() + delay > deadline:
-                    log.error("%s: %s; giving up on the %s report", self.job.describe(), error.describe(), what)
-                    return
-                log.warning("%s (backoff %s); next try in %gs", error.describe(), backoff.describe(), delay)
-                if self.shutdown.wait(backoff.jittered(delay)):
-                    return
-
-
-# --------------------------------------------------------------------------- acquire
-
-REPO_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
-COMMIT_PATTERN = re.compile(r"[0-9a-f]{40}")
-SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
-MAX_REDIRECTS = 10
-TOKEN_HINT = "set MODELFORGE_HF_TOKEN to a token that has access"
-CONNECT_TIMEOUT_SECONDS = 10.0
-O_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-@dataclass(frozen=True)
-class AcquireRequest:
-    """The params of an artifact.acquire.v1 job (J3), each checked before anything is fetched."""
-
-    repo_id: str
-    revision: str
-    repo_type: str
-    container_path: str
-    min_free_bytes: int
-    storage_root_id: str | None = None
-    allow_patterns: list[str] | None = None
-    ignore_patterns: list[str] | None = None
-
-    @classmethod
-    def from_params(cls, params: dict[str, object]) -> AcquireRequest:
-        """Check the params; a bad one fails the job (not retryable) naming the field."""
-
-        def bad(name: str, rule: str) -> JobFailure:
-            return JobFailure(JOB_PARAMS_INVALID, f"params.{name} {rule}", retryable=False)
-
-        repo_id = params.get("repo_id")
-        if not isinstance(repo_id, str) or not REPO_ID_PATTERN.fullmatch(repo_id) or ".." in repo_id:
-            raise bad("repo_id", "must be owner/name (letters, digits, '.', '_', '-')")
-        revision = params.get("revision") if params.get("revision") is not None else "main"
-        if not isinstance(revision, str) or not 0 < len(revision) <= 255 or not revision.isprintable():
-            raise bad("revision", "must be a branch, tag or commit")
-        repo_type = params.get("repo_type") if params.get("repo_type") is not None else "model"
-        if repo_type not in ("model", "dataset"):
-            raise bad("repo_type", "must be model or dataset")
-        container_path = params.get("container_path")
-        if not isinstance(container_path, str) or not os.path.isabs(container_path):
-            raise bad("container_path", "must be the storage root's absolute path in the agent's container")
-        minimum = params.get("min_free_bytes", 0)
-        if not isinstance(minimum, int) or isinstance(minimum, bool) or minimum < 0:
-            raise bad("min_free_bytes", "must be a whole number of bytes")
-        root_id = params.get("storage_root_id")
-        patterns = {}
-        for name in ("allow_patterns", "ignore_patterns"):
-            value = params.get(name)
-            if isinstance(value, str):
-                value = [value]
-            if value is not None and (
-                not isinstance(value, list) or not all(isinstance(item, str) and item for item in value)
-            ):
-                raise bad(name, "must be a list of glob patterns or null")
-            patterns[name] = value
-        return cls(
-            repo_id=repo_id,
-            revision=revision,
-            repo_type=repo_type,
-            container_path=container_path,
-            min_free_bytes=minimum,
-            storage_root_id=str(root_id) if root_id is not None else None,
-            **patterns,
-        )
-
-    def final_parts(self, commit: str) -> list[str]:
-        """`<repo_type>s/<owner>/<name>/<commit>`, the artifact's place below the root."""
-        return [f"{self.repo_type}s", *self.repo_id.split("/"), commit]
-
-
-@dataclass(frozen=True)
-class RemoteFile:
-    """One file of the tree at the commit and the hash the Hub recorded for it: sha256 for LFS
-    files, the git blob id (sha1 of `blob <size>\\0` + content) for the rest (J3)."""
-
-    path: str
-    size: int
-    algorithm: str  # "sha256" or "git-sha1"
-    digest: str
-
-    def new_hash(self):
-        """A hasher that yields `digest` once fed exactly this file's bytes."""
-        if self.algorithm == "sha256":
-            return hashlib.sha256()
-        return hashlib.sha1(b"blob %d\0" % self.size, usedforsecurity=False)
-
-    @property
-    def hash_name(self) -> str:
-        """What the manifest and reason.json call the hash: `sha256` or `git_oid`."""
-        return "sha256" if self.algorithm == "sha256" else "git_oid"
-
-    def manifest_entry(self) -> dict[str, object]:
-        """How modelforge-manifest.json lists the file."""
-        return {"path": self.path, "size": self.size, self.hash_name: self.digest}
-
-
-def is_safe_relative_path(path: str) -> bool:
-    """Relative, no '.', '..' or empty segment, no backslash, NUL or control character, and every
-    segment a name a filesystem can hold: a path that can only mean one file below its base."""
-    parts = path.split("/")
-    return not (
-        not path
-        or path.startswith("/")
-        or "\\" in path
-        or not path.isprintable()
-        or any(part in ("", ".", "..") for part in parts)
-        or any(len(part.encode()) > 255 for part in parts)
-    )
-
-
-def safe_repo_path(path: object) -> str:
-    """A path from the Hub, checked before any use (J3): a safe relative path (above), not the
-    manifest's own name."""
-    if not isinstance(path, str) or not path:
-        raise JobFailure(ARTIFACT_PATH_UNSAFE, "the Hub listed a file without a path", retryable=False)
-    shown = ascii(path)[:300]
-    if not is_safe_relative_path(path):
-        raise JobFailure(
-            ARTIFACT_PATH_UNSAFE,
-            f"the Hub listed the unsafe path {shown}; nothing was written for it",
-            retryable=False,
-        )
-    if path == MANIFEST_NAME:
-        raise JobFailure(
-            ARTIFACT_PATH_UNSAFE, f"the repository holds {MANIFEST_NAME}, a name the agent keeps", retryable=False
-        )
-    return path
-
-
-def remote_file(entry) -> RemoteFile:
-    """A huggingface_hub RepoFile as a RemoteFile, or HUB_TREE_INVALID when it has no usable size or hash."""
-    path = safe_repo_path(entry.path)
-    size, lfs, blob_id = entry.size, entry.lfs, entry.blob_id
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise JobFailure(HUB_TREE_INVALID, f"the Hub recorded no size for {path}", retryable=False)
-    if lfs is not None:
-        digest = lfs.get("sha256") if isinstance(lfs, dict) else None
-        if not isinstance(digest, str) or not SHA256_PATTERN.fullmatch(digest) or lfs.get("size") != size:
-            raise JobFailure(HUB_TREE_INVALID, f"the Hub recorded no usable sha256 for {path}", retryable=False)
-        return RemoteFile(path, size, "sha256", digest)
-    if not isinstance(blob_id, str) or not COMMIT_PATTERN.fullmatch(blob_id):
-        raise JobFailure(HUB_TREE_INVALID, f"the Hub recorded no usable git blob id for {path}", retryable=False)
-    return RemoteFile(path, size, "git-sha1", blob_id)
-
-
-def refuse_conflicts(files: list[RemoteFile]) -> None:
-    """Two entries for one path, or a file where another needs a directory, is a hostile tree."""
-    paths = [remote.path for remote in files]
-    if len(set(paths)) != len(paths):
-        raise JobFailure(ARTIFACT_PATH_UNSAFE, "the Hub listed one path twice", retryable=False)
-    taken = set(paths)
-    for path in paths:
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            if "/".join(parts[:depth]) in taken:
-                message = f"the Hub listed {ascii(path)[:300]} below the file {ascii('/'.join(parts[:depth]))[:300]}"
-                raise JobFailure(ARTIFACT_PATH_UNSAFE, message, retryable=False)
-
-
-def origin_of(url: str) -> tuple[str, str, int | None]:
-    """Scheme, host and port: the token goes only where these equal the Hub endpoint's."""
-    parts = urlsplit(url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    return parts.scheme, (parts.hostname or "").lower(), port
-
-
-def describe_url(method: str, url: str) -> str:
-    """`GET host/path` for logs and errors: never the query (signed CDN URLs carry credentials there)."""
-    parts = urlsplit(url)
-    return f"{method} {parts.hostname}{parts.path}"
-
-
-_hub_timeout: float | None = None
-
-
-class HubClient:
-    """The Hugging Face Hub: huggingface_hub (imported here, only when a job runs) resolves the
-    revision, lists the tree, filters it and builds URLs and headers; the bytes come through
-    requests so they are hashed as they are written and resumed with Range (J3)."""
-
-    def __init__(self, hub: HubSettings) -> None:
-        global _hub_timeout
-        self.hub = hub
-        self.hf = importlib.import_module("huggingface_hub")
-        self.errors = importlib.import_module("huggingface_hub.errors")
-        self.utils = importlib.import_module("huggingface_hub.utils")
-        transport = importlib.import_module("httpx2")  # huggingface_hub's own HTTP library
-        # Our log lines name each failure (A3 style); the library's own retry chatter would not.
-        self.utils.logging.set_verbosity_error()
-        if _hub_timeout != hub.stall_seconds:
-            # huggingface_hub's shared client waits forever by default: a stalled tree listing
-            # would hang the job, so its reads get the same stall limit as the bytes.
-            timeout = transport.Timeout(hub.stall_seconds, connect=CONNECT_TIMEOUT_SECONDS)
-            self.hf.set_client_factory(lambda: transport.Client(follow_redirects=True, timeout=timeout))
-            _hub_timeout = hub.stall_seconds
-        self.api_errors = (self.errors.HfHubHTTPError, transport.HTTPError, OSError, ValueError, KeyError, TypeError)
-        self.timeout_errors = (transport.TimeoutException,)
-        self.api = self.hf.HfApi(
-            endpoint=hub.endpoint,
-            token=hub.token or False,  # False: never a token from ~/.cache or HF_TOKEN, only ours
-            library_name="modelforge-node-agent",
-            library_version=AGENT_VERSION,
-        )
-        self.origin = origin_of(hub.endpoint)
-        import requests
-        import urllib3
-
-        self.requests, self.urllib3 = requests, urllib3
-        self.body_errors = (urllib3.exceptions.HTTPError, requests.exceptions.RequestException)
-        self.session = requests.Session()
-
-    def close(self) -> None:
-        """Release the byte session's connections."""
-        self.session.close()
-
-    def api_failure(self, error: Exception, what: str) -> JobFailure:
-        """A huggingface_hub or transport error as one of our codes (J2 classes), without the token."""
-        errors = self.errors
-        status = getattr(getattr(error, "response", None), "status_code", None)
-        if isinstance(error, errors.GatedRepoError):
-            message = f"{what}: the repository is gated (HTTP {status}); {TOKEN_HINT}"
-            return JobFailure(HUB_AUTH_REQUIRED, message, retryable=False)
-        if isinstance(error, errors.RevisionNotFoundError):
-            return JobFailure(HUB_REVISION_NOT_FOUND, f"{what}: no such revision (HTTP {status})", retryable=False)
-        if isinstance(error, errors.RepositoryNotFoundError | errors.DisabledRepoError) or status == 404:
-            # The Hub answers a private repository exactly like a missing one (401 without a token).
-            hint = "" if self.hub.token else "; if it is private, set MODELFORGE_HF_TOKEN"
-            message = f"{what}: no such repository (HTTP {status}){hint}"
-            return JobFailure(HUB_REPO_NOT_FOUND, message, retryable=False)
-        if status in (401, 403):
-            who = "the Hub refused MODELFORGE_HF_TOKEN" if self.hub.token else "no MODELFORGE_HF_TOKEN is set"
-            return JobFailure(HUB_AUTH_REQUIRED, f"{what}: HTTP {status} ({who}); {TOKEN_HINT}", retryable=False)
-        if isinstance(error, errors.HFValidationError):
-            return JobFailure(JOB_PARAMS_INVALID, f"{what}: huggingface_hub refused the name", retryable=False)
-        if isinstance(error, KeyError | TypeError):
-            message = f"{what}: an entry lacks a field huggingface_hub needs ({type(error).__name__})"
-            return JobFailure(HUB_TREE_INVALID, message, retryable=False)
-        if status is not None:
-            retryable = status >= 500 or status in (408, 429)
-            return JobFailure(HUB_UNAVAILABLE, f"{what}: HTTP {status} from the Hub", retryable=retryable)
-        if isinstance(error, self.timeout_errors):
-            message = f"{what}: the Hub did not answer within {self.hub.stall_seconds:g}s"
-            return JobFailure(HUB_UNAVAILABLE, message, retryable=True)
-        return JobFailure(HUB_UNAVAILABLE, f"{what}: {type(error).__name__}", retryable=True)
-
-    def resolve_commit(self, request: AcquireRequest, revision: str) -> str:
-        """J3: the revision as a 40-hex commit, before the first byte."""
-        what = f"resolving {request.repo_type} {request.repo_id}@{revision}"
-        try:
-            info = self.api.repo_info(
-                request.repo_id, revision=revision, repo_type=request.repo_type, timeout=self.hub.stall_seconds
-            )
-        except self.api_errors as error:
-            raise self.api_failure(error, what) from None
-        commit = getattr(info, "sha", None)
-        if not isinstance(commit, str) or not COMMIT_PATTERN.fullmatch(commit):
-            raise JobFailure(HUB_UNAVAILABLE, f"{what}: the Hub named no 40-hex commit", retryable=True)
-        return commit
-
-    def list_files(self, request: AcquireRequest, commit: str) -> list[RemoteFile]:
-        """The tree at the commit, recursively, every path checked, then filtered by the patterns."""
-        what = f"listing {request.repo_id}@{commit}"
-        try:
-            entries = list(
-                self.api.list_repo_tree(request.repo_id, recursive=True, revision=commit, repo_type=request.repo_type)
-            )
-        except self.api_errors as error:
-            raise self.api_failure(error, what) from None
-        repo_file = self.hf.hf_api.RepoFile
-        for entry in entries:
-            if not isinstance(entry, repo_file):
-                safe_repo_path(entry.path)  # folders are never created from the listing, but a hostile one is refused
-        files = [remote_file(entry) for entry in entries if isinstance(entry, repo_file)]
-        refuse_conflicts(files)
-        kept = self.utils.filter_repo_objects(
-            files,
-            allow_patterns=request.allow_patterns,
-            ignore_patterns=request.ignore_patterns,
-            key=lambda remote: remote.path,
-        )
-        return sorted(kept, key=lambda remote: remote.path)
-
-    def open_file(self, request: AcquireRequest, commit: str, path: str, offset: int):
-        """GET the file at the commit from `offset` (Range), following redirects by hand so the
-        token goes only to the Hub endpoint's own origin, never to the LFS CDN (J3)."""
-        url = self.hf.hf_hub_url(
-            request.repo_id, path, repo_type=request.repo_type, revision=commit, endpoint=self.hub.endpoint
-        )
-        headers = self.utils.build_hf_headers(
-            token=self.hub.token or False, library_name="modelforge-node-agent", library_version=AGENT_VERSION
-        )
-        headers["Accept-Encoding"] = "identity"  # byte offsets must mean the file's bytes
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
-        for _ in range(MAX_REDIRECTS):
-            sent = {name: value for name, value in headers.items() if name.lower() != "authorization"}
-            if origin_of(url) == self.origin and "authorization" in headers:
-                sent["authorization"] = headers["authorization"]
-            response = self.session.get(
-                url,
-                headers=sent,
-                stream=True,
-                allow_redirects=False,
-                timeout=(CONNECT_TIMEOUT_SECONDS, self.hub.stall_seconds),
-            )
-            location = response.headers.get("Location")
-            if response.status_code not in (301, 302, 303, 307, 308) or not location:
-                return response
-            response.close()
-            url = urljoin(url, location)
-        raise JobFailure(HUB_UNAVAILABLE, f"more than {MAX_REDIRECTS} redirects for {path}", retryable=True)
-
-    @staticmethod
-    def file_failure(response, path: str) -> JobFailure | None:
-        """A refused file GET as one of our codes, or None for 200/206."""
-        status = response.status_code
-        if status in (200, 206):
-            return None
-        what = f"{describe_url('GET', response.url)} for {path}: HTTP {status}"
-        code = response.headers.get("X-Error-Code")
-        if code == "RepoNotFound":
-            return JobFailure(HUB_REPO_NOT_FOUND, what, retryable=False)
-        if code == "RevisionNotFound":
-            return JobFailure(HUB_REVISION_NOT_FOUND, what, retryable=False)
-        if status in (401, 403):
-            return JobFailure(HUB_AUTH_REQUIRED, f"{what} ({code or 'refused'}); {TOKEN_HINT}", retryable=False)
-        # The tree at this very commit listed the file: a 404 now is the Hub's hiccup, worth a retry.
-        return JobFailure(HUB_UNAVAILABLE, what, retryable=status >= 500 or status in (404, 408, 429))
-
-    def is_stall(self, error: Exception) -> bool:
-        """Whether a transfer error is a read that waited stall_seconds for a byte."""
-        stalls = (self.requests.exceptions.Timeout, self.urllib3.exceptions.ReadTimeoutError)
-        return isinstance(error, stalls) or any(isinstance(arg, stalls) for arg in error.args)
-
-
-def open_dir_chain(base_fd: int, parts: list[str], *, create: bool) -> int:
-    """Open (creating if asked) each directory below `base_fd` without following a symlink; the
-    caller closes the returned descriptor. A symlink or a file in the way is ARTIFACT_PATH_UNSAFE."""
-    fd = os.dup(base_fd)
-    try:
-        for part in parts:
-            if create:
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            try:
-                next_fd = os.open(part, O_DIR_NOFOLLOW, dir_fd=fd)
-            except OSError as error:
-                if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise JobFailure(
-                        ARTIFACT_PATH_UNSAFE,
-                        f"{ascii(part)[:300]} is a symlink or a file where a directory belongs; it is never followed",
-                        retryable=False,
-                    ) from None
-                raise
-            os.close(fd)
-            fd = next_fd
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def write_json_at(dir_fd: int, name: str, data: dict[str, object]) -> None:
-    """Write JSON atomically (temp file, fsync, rename) in the directory `dir_fd`."""
-    temp = f".{name}.{uuid.uuid4().hex}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with_missing_ok(os.unlink, temp, dir_fd=dir_fd)
-        raise
-
-
-def read_json_at(dir_fd: int, name: str) -> dict[str, object] | None:
-    """A JSON object from `name` in `dir_fd` (never through a symlink), or None."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            value = json.loads(handle.read(16 << 20))
-        except ValueError:
-            return None
-    return value if isinstance(value, dict) else None
-
-
-def with_missing_ok(function: Callable, *args, **kwargs) -> None:
-    """Call `function`, ignoring only a path that is already gone."""
-    try:
-        function(*args, **kwargs)
-    except FileNotFoundError:
-        pass
-
-
-class PartialDir:
-    """`<root>/.partial/<job_id>/`, where one job's files grow on the root's own filesystem (J3).
-    Everything in it is reached through directory descriptors opened with O_NOFOLLOW: a symlink
-    planted there is refused, never followed. `<job_id>.json` beside it records the commit."""
-
-    def __init__(self, root: str, job_id: str) -> None:
-        self.root = root  # realpath of the storage root
-        self.job_id = job_id
-        self.path = os.path.join(root, ".partial", job_id)
-        self._root_fd: int | None = os.open(root, O_DIR_NOFOLLOW)
-        self.fd: int | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self._root_fd is None
-
-    @property
-    def root_fd(self) -> int:
-        """The storage root's descriptor; a closed PartialDir refuses every use (its number may by
-        now belong to another thread's file)."""
-        if self._root_fd is None:
-            raise ValueError(f"the partial directory of job {self.job_id} is closed")
-        return self._root_fd
-
-    def _dir_fd(self) -> int:
-        """The partial directory's descriptor; refused when closed or not created yet."""
-        if self._root_fd is None or self.fd is None:
-            raise ValueError(f"the partial directory of job {self.job_id} is closed or not created")
-        return self.fd
-
-    def close(self) -> None:
-        """Close the directory descriptors; a second call does nothing (never a double close)."""
-        fds, self.fd, self._root_fd = (self.fd, self._root_fd), None, None
-        for fd in fds:
-            if fd is not None:
-                os.close(fd)
-
-    def _partials_fd(self, create: bool) -> int | None:
-        try:
-            return open_dir_chain(self.root_fd, [".partial"], create=create)
-        except FileNotFoundError:
-            return None
-
-    def read_state(self) -> dict[str, object]:
-        """What an earlier attempt of this job recorded (repo, revision, commit), or {}."""
-        fd = self._partials_fd(create=False)
-        if fd is None:
-            return {}
-        try:
-            return read_json_at(fd, f"{self.job_id}.json") or {}
-        finally:
-            os.close(fd)
-
-    def refuse_links(self) -> None:
-        """A symlink, device or pipe anywhere in the partial directory fails the job (J3)."""
-        if not os.path.lexists(self.path):
-            return
-        os.close(open_dir_chain(self.root_fd, [".partial", self.job_id], create=False))  # no link on the way
-        for directory, dirs, files in os.walk(self.path):
-            for name in dirs + files:
-                mode = os.lstat(os.path.join(directory, name)).st_mode
-                if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                    relative = os.path.relpath(os.path.join(directory, name), self.path)
-                    raise JobFailure(
-                        ARTIFACT_PATH_UNSAFE,
-                        f"{ascii(relative)[:300]} in the partial directory is not a regular file; it is never followed",
-                        retryable=False,
-                    )
-
-    def existing_sizes(self, files: list[RemoteFile]) -> dict[str, int]:
-        """How many bytes of each file an earlier attempt left (0 if none, or too many)."""
-        sizes = {}
-        for remote in files:
-            try:
-                info = os.lstat(os.path.join(self.path, remote.path))
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            if stat.S_ISREG(info.st_mode) and info.st_size <= remote.size:
-                sizes[remote.path] = info.st_size
-        return sizes
-
-    def create(self, state: dict[str, object]) -> None:
-        """Create the directory (and record the state) before the first byte."""
-        partials = open_dir_chain(self.root_fd, [".partial"], create=True)
-        try:
-            write_json_at(partials, f"{self.job_id}.json", state)
-            self.fd = open_dir_chain(partials, [self.job_id], create=True)
-        finally:
-            os.close(partials)
-
-    def open_file(self, path: str) -> int:
-        """Open (or create) one file for writing, never through a symlink, and only below the partial dir."""
-        joined = os.path.realpath(os.path.join(self.path, path))
-        if not joined.startswith(self.path + os.sep):
-            raise JobFailure(ARTIFACT_PATH_UNSAFE, f"{ascii(path)[:300]} leaves the partial directory", retryable=False)
-        *parents, name = path.split("/")
-        directory = open_dir_chain(self._dir_fd(), parents, create=True)
-        try:
-            try:
-                fd = os.open(
-                    name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644, dir_fd=directory
-                )
-            except OSError as error:
-                if error.errno == errno.ELOOP:
-                    raise JobFailure(
-                        ARTIFACT_PATH_UNSAFE, f"{ascii(path)[:300]} is a symlink; never followed", retryable=False
-                    ) from None
-                raise
-        finally:
-            os.close(directory)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise JobFailure(ARTIFACT_PATH_UNSAFE, f"{ascii(path)[:300]} is not a regular file", retryable=False)
-        return fd
-
-    def prune(self, keep: set[str]) -> None:
-        """Remove files no longer part of the tree (and empty directories), so the set is exact."""
-        for directory, dirs, files in os.walk(self.path, topdown=False):
-            for name in files:
-                full = os.path.join(directory, name)
-                if os.path.relpath(full, self.path).replace(os.sep, "/") not in keep:
-                    os.unlink(full)
-            for name in dirs:
-                full = os.path.join(directory, name)
-                if not os.listdir(full):
-                    os.rmdir(full)
-
-    def write_manifest(self, manifest: dict[str, object]) -> None:
-        """modelforge-manifest.json inside, the last file before the rename."""
-        write_json_at(self._dir_fd(), MANIFEST_NAME, manifest)
-
-    def move_into_place(self, final_parts: list[str]) -> bool:
-        """Rename the whole directory to its final place in one step; False if one is already there."""
-        parent = open_dir_chain(self.root_fd, final_parts[:-1], create=True)
-        partials = open_dir_chain(self.root_fd, [".partial"], create=False)
-        try:
-            os.fsync(self._dir_fd())
-            os.rename(self.job_id, final_parts[-1], src_dir_fd=partials, dst_dir_fd=parent)
-            os.fsync(parent)
-            with_missing_ok(os.unlink, f"{self.job_id}.json", dir_fd=partials)
-            return True
-        except OSError as error:
-            if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                return False
-            raise
-        finally:
-            os.close(parent)
-            os.close(partials)
-
-    def remove(self) -> None:
-        """Delete the partial directory and its state (a terminal state that is not success)."""
-        try:
-            partials = self._partials_fd(create=False)
-        except JobFailure:
-            return  # .partial itself is a symlink: nothing is deleted through it
-        if partials is None:
-            return
-        try:
-            try:
-                shutil.rmtree(self.job_id, dir_fd=partials)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                # rmtree refuses a symlink planted in the directory's place: remove the link itself.
-                if stat.S_ISLNK(os.lstat(self.job_id, dir_fd=partials).st_mode):
-                    os.unlink(self.job_id, dir_fd=partials)
-                else:
-                    raise
-            with_missing_ok(os.unlink, f"{self.job_id}.json", dir_fd=partials)
-        finally:
-            os.close(partials)
-
-
-def quarantine(source: str, quarantine_dir: Path, name: str, reason: dict[str, object]) -> str:
-    """Move the directory `source` to `<quarantine>/<name>/` with a reason.json: evidence is
-    never deleted (J3). Across filesystems this is a copy then a delete."""
-    quarantine_dir.mkdir(parents=True, exist_ok=True)
-    destination = os.path.join(quarantine_dir, name)
-    suffix = 1
-    while os.path.lexists(destination):
-        suffix += 1
-        destination = os.path.join(quarantine_dir, f"{name}.{suffix}")
-    shutil.move(source, destination)
-    fd = os.open(destination, O_DIR_NOFOLLOW)
-    try:
-        taken = os.path.lexists(os.path.join(destination, "reason.json"))  # a repo file of that name stays
-        write_json_at(fd, "modelforge-reason.json" if taken else "reason.json", reason)
-    finally:
-        os.close(fd)
-    return destination
-
-
-class _VerificationFailed(Exception):
-    """A fetched file whose hash or size is not what the Hub recorded."""
-
-    def __init__(self, remote: RemoteFile, actual_digest: str, actual_size: int) -> None:
-        super().__init__(remote.path)
-        self.remote, self.actual_digest, self.actual_size = remote, actual_digest, actual_size
-
-
-class _TransferBroken(Exception):
-    """A GET that broke off; `progressed` says whether it wrote a byte first (then it resumes at once)."""
-
-    def __init__(self, failure: JobFailure, progressed: bool) -> None:
-        super().__init__(failure.message)
-        self.failure, self.progressed = failure, progressed
-
-
-@dataclass
-class _FileState:
-    """One file being fetched: its running hash and how many bytes are on disk."""
-
-    hasher: object
-    have: int = 0
-    restarts: int = 0
-
-
-class Acquisition:
-    """One attempt of an artifact.acquire.v1 job, step by step (J1, J3)."""
-
-    def __init__(
-        self,
-        request: AcquireRequest,
-        hub: HubClient,
-        root: str,
-        quarantine_dir: Path,
-        *,
-        job_id: str,
-        attempt: int,
-        control: JobControl,
-        on_progress: Callable[[Progress], None],
-    ) -> None:
-        self.request, self.hub, self.root, self.quarantine_dir = request, hub, root, quarantine_dir
-        self.job_id, self.attempt, self.control, self.on_progress = job_id, attempt, control, on_progress
-        self.partial = PartialDir(root, job_id)
-        self.commit = ""
-        self.progress = Progress()
-        self.written_since_check = 0
-
-    def run(self) -> dict[str, object]:
-        """Resolve, list, check capacity, fetch and verify every file, then rename into place."""
-        request = self.request
-        self.partial.refuse_links()
-        state = self.partial.read_state()
-        same_job = all(state.get(key) == getattr(request, key) for key in ("repo_id", "repo_type", "revision"))
-        recorded = state.get("commit") if same_job else None
-        # A resumed attempt keeps the commit its first byte was fetched at (J3: never mixed).
-        revision = recorded if isinstance(recorded, str) and COMMIT_PATTERN.fullmatch(recorded) else request.revision
-        self.commit = self.hub.resolve_commit(request, revision)
-        files = self.hub.list_files(request, self.commit)
-        total = sum(remote.size for remote in files)
-        self.report(Progress(0, total, 0, len(files)))
-        final_parts = request.final_parts(self.commit)
-        if self.already_present(final_parts, files):
-            self.partial.remove()
-            return self.result(files)
-        have = self.partial.existing_sizes(files)
-        self.check_capacity(total - sum(have.values()))
-        self.partial.create(
-            {
-                "repo_id": request.repo_id,
-                "repo_type": request.repo_type,
-                "revision": request.revision,
-                "commit": self.commit,
-                "attempt": self.attempt,
-            }
-        )
-        for remote in files:
-            self.control.check()
-            self.fetch(remote)
-            self.report(replace(self.progress, files_done=self.progress.files_done + 1))
-            log.info(
-                "job %s: %s verified (%d bytes, %d/%d)",
-                self.job_id,
-                remote.path,
-                remote.size,
-                self.progress.files_done,
-                len(files),
-            )
-        self.control.check()
-        self.partial.prune({remote.path for remote in files})
-        self.partial.write_manifest(self.manifest(files))
-        if not self.partial.move_into_place(final_parts) and not self.already_present(final_parts, files):
-            raise JobFailure(STORAGE_ROOT_UNAVAILABLE, "another directory took the artifact's place", retryable=True)
-        self.partial.remove()  # only left when another attempt won the rename
-        return self.result(files)
-
-    def report(self, progress: Progress) -> None:
-        """Keep the progress and pass every change on: the caller decides how often to send it."""
-        self.progress = progress
-        self.on_progress(progress)
-
-    def free_bytes(self) -> int:
-        """Free bytes on the root's filesystem for an unprivileged writer."""
-        stats = os.statvfs(self.root)
-        return stats.f_bavail * stats.f_frsize
-
-    def check_capacity(self, still_to_write: int) -> None:
-        """J1: fail before (and while) writing if the root would be left with less than min_free_bytes."""
-        free = self.free_bytes()
-        if free - still_to_write < self.request.min_free_bytes:
-            raise JobFailure(
-                STORAGE_CAPACITY_GUARD,
-                f"{self.request.container_path} has {free} bytes free; writing {still_to_write} more would leave "
-                f"less than min_free_bytes={self.request.min_free_bytes}. Free space or pick another root",
-                retryable=False,
-            )
-
-    def already_present(self, final_parts: list[str], files: list[RemoteFile]) -> bool:
-        """J3: a verified artifact at this commit (its manifest lists exactly these files and sizes)."""
-        final = os.path.join(self.root, *final_parts)
-        if not os.path.lexists(final):
-            return False
-        fd = open_dir_chain(self.partial.root_fd, final_parts, create=False)
-        try:
-            manifest = read_json_at(fd, MANIFEST_NAME) or {}
-        finally:
-            os.close(fd)
-        listed = {item.get("path"): item.get("size") for item in manifest.get("files", []) if isinstance(item, dict)}
-        expected = {remote.path: remote.size for remote in files}
-        if manifest.get("commit") == self.commit and listed == expected and self.sizes_on_disk(final, expected):
-            log.info(
-                "job %s: %s is already here, verified at %s; nothing to fetch",
-                self.job_id,
-                self.request.repo_id,
-                self.commit,
-            )
-            return True
-        moved = quarantine(
-            final,
-            self.quarantine_dir,
-            f"{self.job_id}-{self.attempt}-existing",
-            {**self.reason_base(), "reason": "a directory at the artifact's place did not match the tree"},
-        )
-        log.warning("job %s: %s did not match the tree at %s; moved to %s", self.job_id, final, self.commit, moved)
-        return False
-
-    @staticmethod
-    def sizes_on_disk(final: str, expected: dict[str, int]) -> bool:
-        """Every listed file is a regular file of the listed size (no symlink)."""
-        for path, size in expected.items():
-            try:
-                info = os.lstat(os.path.join(final, path))
-            except OSError:
-                return False
-            if not stat.S_ISREG(info.st_mode) or info.st_size != size:
-                return False
-        return True
-
-    def fetch(self, remote: RemoteFile) -> None:
-        """One file: hash what an earlier attempt wrote, fetch the rest with Range, verify."""
-        fd = self.partial.open_file(remote.path)
-        try:
-            state = _FileState(remote.new_hash(), 0)
-            self.hash_existing(fd, remote, state)
-            retries = 0
-            while state.have < remote.size:
-                self.control.check()
-                try:
-                    self.transfer(fd, remote, state)
-                except _TransferBroken as broken:
-                    if not broken.progressed or retries >= TRANSFER_RETRIES:
-                        raise broken.failure from None
-                    retries += 1
-                    log.warning("job %s: %s; resuming at byte %d", self.job_id, broken.failure.message, state.have)
-                if state.have > remote.size:
-                    break
-            digest = state.hasher.hexdigest()
-            if state.have != remote.size or digest != remote.digest:
-                if state.have != remote.size and remote.algorithm == "git-sha1":
-                    digest = self.git_blob_id(fd, state.have)
-                raise _VerificationFailed(remote, digest, state.have)
-            os.fsync(fd)
-        except _VerificationFailed as failed:
-            os.close(fd)
-            fd = -1
-            raise self.quarantine_attempt(failed) from None
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    def hash_existing(self, fd: int, remote: RemoteFile, state: _FileState) -> None:
-        """Hash the bytes an earlier attempt wrote, so only the rest is fetched (J3 resume)."""
-        size = os.fstat(fd).st_size
-        if size > remote.size:
-            os.ftruncate(fd, 0)
-            size = 0
-        while state.have < size:
-            self.control.check()
-            chunk = os.pread(fd, min(DOWNLOAD_CHUNK_BYTES, size - state.have), state.have)
-            if not chunk:
-                break
-            state.hasher.update(chunk)
-            state.have += len(chunk)
-        self.report(replace(self.progress, bytes_done=self.progress.bytes_done + state.have))
-
-    @staticmethod
-    def git_blob_id(fd: int, size: int) -> str:
-        """The git blob id of what is really on disk (for reason.json when the size is wrong)."""
-        hasher = hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False)
-        offset = 0
-        while offset < size:
-            chunk = os.pread(fd, min(DOWNLOAD_CHUNK_BYTES, size - offset), offset)
-            if not chunk:
-                break
-            hasher.update(chunk)
-            offset += len(chunk)
-        return hasher.hexdigest()
-
-    def restart(self, fd: int, remote: RemoteFile, state: _FileState) -> None:
-        """Throw the file's bytes away and start it again (the server ignored or refused the Range)."""
-        state.restarts += 1
-        if state.restarts > 2:
-            raise JobFailure(HUB_UNAVAILABLE, f"the Hub kept refusing a resume of {remote.path}", retryable=True)
-        self.report(replace(self.progress, bytes_done=self.progress.bytes_done - state.have))
-        os.ftruncate(fd, 0)
-        state.hasher, state.have = remote.new_hash(), 0
-
-    def transfer(self, fd: int, remote: RemoteFile, state: _FileState) -> None:
-        """One GET from `state.have` on, written and hashed chunk by chunk."""
-        requests = self.hub.requests
-        started_at = state.have
-        try:
-            response = self.hub.open_file(self.request, self.commit, remote.path, state.have)
-        except requests.exceptions.RequestException as error:
-            raise _TransferBroken(self.network_failure(error, remote, "GET"), progressed=False) from None
-        with response:
-            if response.status_code == 416 and state.have:
-                self.restart(fd, remote, state)
-                return
-            failure = self.hub.file_failure(response, remote.path)
-            if failure is not None:
-                raise failure
-            if state.have and (response.status_code == 200 or not self.range_starts_at(response, state.have)):
-                self.restart(fd, remote, state)
-                if response.status_code != 200:
-                    return
-            while state.have <= remote.size:
-                chunk = self.next_chunk(response, remote, state, started_at)
-                if not chunk:
-                    break
-                self.control.check()
-                self.write(fd, chunk, state)
-        if state.have < remote.size:
-            message = f"{describe_url('GET', response.url)} ended after {state.have} of {remote.size} bytes"
-            raise _TransferBroken(
-                JobFailure(HUB_UNAVAILABLE, message, retryable=True), progressed=state.have > started_at
-            )
-
-    def next_chunk(self, response, remote: RemoteFile, state: _FileState, started_at: int) -> bytes:
-        """Whatever bytes have arrived (read1): a connection that drops loses none it delivered."""
-        raw = response.raw
-        read = getattr(raw, "read1", None) or raw.read  # urllib3 < 2 has no read1
-        try:
-            return read(DOWNLOAD_CHUNK_BYTES, decode_content=False)
-        except self.hub.body_errors as error:
-            failure = self.network_failure(error, remote, describe_url("GET", response.url))
-            raise _TransferBroken(failure, progressed=state.have > started_at) from None
-
-    @staticmethod
-    def range_starts_at(response, offset: int) -> bool:
-        """Whether a 206 answers the Range we asked for."""
-        match = re.fullmatch(r"bytes (\d+)-\d+/(\d+|\*)", response.headers.get("Content-Range", "").strip())
-        return match is not None and int(match.group(1)) == offset
-
-    def network_failure(self, error: Exception, remote: RemoteFile, where: str) -> JobFailure:
-        """A broken transfer as HUB_UNAVAILABLE, naming a stall apart from a dropped connection."""
-        if self.hub.is_stall(error):
-            message = f"{where} for {remote.path} stalled: no byte for {self.hub.hub.stall_seconds:g}s"
-        else:
-            message = f"{type(error).__name__} on {where} for {remote.path}"
-        return JobFailure(HUB_UNAVAILABLE, message, retryable=True)
-
-    def write(self, fd: int, chunk: bytes, state: _FileState) -> None:
-        """Write, hash and count one chunk; re-check capacity every few MiB (J1)."""
-        view = memoryview(chunk)
-        while view:
-            try:
-                written = os.pwrite(fd, view, state.have)
-            except OSError as error:
-                if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise JobFailure(
-                        STORAGE_CAPACITY_GUARD,
-                        f"{self.request.container_path} ran out of space while writing",
-                        retryable=False,
-                    ) from None
-                raise
-            state.hasher.update(view[:written])
-            state.have += written
-            view = view[written:]
-            self.written_since_check += written
-            self.report(replace(self.progress, bytes_done=self.progress.bytes_done + written))
-        if self.written_since_check >= CAPACITY_CHECK_BYTES:
-            self.written_since_check = 0
-            self.check_capacity(self.progress.bytes_total - self.progress.bytes_done)
-
-    def reason_base(self) -> dict[str, object]:
-        """What every reason.json says about the job."""
-        return {
-            "job_id": self.job_id,
-            "attempt": self.attempt,
-            "repo_id": self.request.repo_id,
-            "repo_type": self.request.repo_type,
-            "revision": self.request.revision,
-            "commit": self.commit,
-            "at": rfc3339_now(),
-        }
-
-    def quarantine_attempt(self, failed: _VerificationFailed) -> JobFailure:
-        """J3: the attempt's files go to quarantine with the evidence; the next attempt starts clean."""
-        remote = failed.remote
-        reason = {
-            **self.reason_base(),
-            "reason": "a file did not match the hash or size the Hub recorded",
-            "file": remote.path,
-            f"expected_{remote.hash_name}": remote.digest,
-            f"actual_{remote.hash_name}": failed.actual_digest,
-            "expected_size": remote.size,
-            "actual_size": failed.actual_size,
-        }
-        self.partial.close()
-        try:
-            moved = quarantine(self.partial.path, self.quarantine_dir, f"{self.job_id}-{self.attempt}", reason)
-        except OSError as error:
-            # The evidence is never deleted (J3): the files stay where they are, the partial stays
-            # closed (acquire_artifact removes nothing through a closed one), and the job fails for
-            # good, so no later attempt resumes from a file known to be corrupt.
-            failure = storage_failure(error, self.request.container_path)
-            kept = self.partial.path if os.path.lexists(self.partial.path) else str(self.quarantine_dir)
-            raise JobFailure(
-                failure.code,
-                f"{remote.path} did not match the hash or size the Hub recorded, and moving the attempt's "
-                f"files to quarantine failed ({failure.message}); they are kept in {kept}",
-                retryable=False,
-            ) from None
-        self.partial = PartialDir(self.root, self.job_id)
-        self.partial.remove()  # the state file: the next attempt resolves the revision afresh
-        return JobFailure(
-            ARTIFACT_VERIFICATION_FAILED,
-            f"{remote.path}: expected {remote.algorithm} {remote.digest} and {remote.size} bytes, got "
-            f"{failed.actual_digest} and {failed.actual_size} bytes; the attempt's files are in {moved}",
-            retryable=True,
-        )
-
-    def manifest(self, files: list[RemoteFile]) -> dict[str, object]:
-        """modelforge-manifest.json: what was fetched, at which commit, with the hashes it matched."""
-        return {
-            "manifest_version": 1,
-            "repo_id": self.request.repo_id,
-            "repo_type": self.request.repo_type,
-            "revision": self.request.revision,
-            "commit": self.commit,
-            "files": [remote.manifest_entry() for remote in files],
-            "total_bytes": sum(remote.size for remote in files),
-            "job_id": self.job_id,
-            "acquired_at": rfc3339_now(),
-        }
-
-    def result(self, files: list[RemoteFile]) -> dict[str, object]:
-        """The job's result (the control plane adds artifact_id and host_path)."""
-        total = sum(remote.size for remote in files)
-        self.report(Progress(total, total, len(files), len(files)))
-        return {
-            "commit": self.commit,
-            "container_path": os.path.join(self.request.container_path, *self.request.final_parts(self.commit)),
-            "files": len(files),
-            "total_bytes": total,
-        }
-
-
-def storage_failure(error: OSError, container_path: str) -> JobFailure:
-    """A filesystem error while writing, as J1's codes (never a fall back to another path)."""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return JobFailure(STORAGE_CAPACITY_GUARD, f"{container_path} ran out of space", retryable=False)
-    reason = error.strerror or type(error).__name__
-    return JobFailure(STORAGE_ROOT_UNAVAILABLE, f"{container_path}: {reason}", retryable=False)
-
-
-def acquire_artifact(
-    params: dict[str, object],
-    hub: HubSettings,
-    *,
-    artifact_dir: Path,
-    quarantine_dir: Path,
-    job_id: str,
-    attempt: int,
-    control: JobControl | None = None,
-    on_progress: Callable[[Progress], None] | None = None,
-) -> dict[str, object]:
-    """Run one attempt of an artifact.acquire.v1 job (J3) and return its result
-    (`commit`, `container_path`, `files`, `total_bytes`).
-
-    Raises JobFailure (code, message, retryable) or JobAbandoned. A failure that will not be
-    retried (cancel included) deletes the partial directory; a retryable one keeps it, so the
-    next attempt resumes.
-    """
-    if not JOB_ID_PATTERN.fullmatch(job_id):
-        raise JobFailure(JOB_PARAMS_INVALID, "the job id cannot name a directory", retryable=False)
-    request = AcquireRequest.from_params(params)
-    problem = root_problem(request.container_path, artifact_dir)
-    if problem is not None:
-        raise JobFailure(STORAGE_ROOT_UNAVAILABLE, problem, retryable=False)
-    root = os.path.realpath(request.container_path)
-    if not writable_dir(root):
-        raise JobFailure(STORAGE_ROOT_UNAVAILABLE, f"{request.container_path} is not writable", retryable=False)
-    client = HubClient(hub)
-    try:
-        acquisition = Acquisition(
-            request,
-            client,
-            root,
-            quarantine_dir,
-            job_id=job_id,
-            attempt=attempt,
-            control=control or JobControl(),
-            on_progress=on_progress or (lambda progress: None),
-        )
-    except OSError as error:  # the root vanished since it was checked
-        client.close()
-        raise storage_failure(error, request.container_path) from None
-    try:
-        return acquisition.run()
-    except JobFailure as failure:
-        # A closed partial was handed to quarantine: whatever is left of it is evidence, never deleted.
-        if not failure.retryable and not acquisition.partial.closed:
-            acquisition.partial.remove()
-        raise
-    except OSError as error:
-        failure = storage_failure(error, request.container_path)
-        if not acquisition.partial.closed:
-            acquisition.partial.remove()
-        raise failure from None
-    finally:
-        acquisition.partial.close()
-        client.close()
-
-
-def run_acquire_job(
-    job: Job, config: Config, control: JobControl, on_progress: Callable[[Progress], None]
-) -> dict[str, object]:
-    """The artifact.acquire.v1 handler: the job's params with this agent's Hub settings and directories."""
-    return acquire_artifact(
-        job.params,
-        config.hub,
-        artifact_dir=config.data_dirs["artifacts"],
-        quarantine_dir=config.data_dirs["quarantine"],
-        job_id=job.id,
-        attempt=job.attempt,
-        control=control,
-        on_progress=on_progress,
-    )
-
-
-def acquire_summary(result: dict[str, object]) -> str:
-    """`3 files, 1234 bytes at /data/artifacts/…` for the success log line."""
-    return f"{result.get('files')} files, {result.get('total_bytes')} bytes at {result.get('container_path')}"
-
-
-JOB_HANDLERS[ACQUIRE_JOB_TYPE] = run_acquire_job
-JOB_LIBRARIES[ACQUIRE_JOB_TYPE] = ("huggingface_hub",)
-JOB_SUMMARIES[ACQUIRE_JOB_TYPE] = acquire_summary
-
-
 # --------------------------------------------------------------------------- runtime worker
 
-WORKER_JOB_STATES = ("running", "succeeded", "failed", "cancelled")
-ERROR_CODE_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+# W1: who the runtime worker is, asked at every inventory check for the inventory and for what
+# is advertised; relaying a job to it is modelforge_agent_runtime's part.
 
-
-def short_text(value: object, limit: int) -> str | None:
-    """A string from the worker as the inventory may carry it: printable, at most `limit`
-    characters; None for anything that is not a string."""
-    if not isinstance(value, str):
-        return None
-    return "".join(char if char.isprintable() else "?" for char in value[:limit])
-
-
-def label(value: object, limit: int) -> str | None:
-    """short_text() without outer spaces, or None when nothing is left: a name that must say something."""
-    text = short_text(value, limit)
-    if text is None or not text.strip():
-        return None
-    return text.strip()
-
-
-def whole_number(value: object) -> int | None:
-    """A non-negative JSON integer, or None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+ERROR_CODE_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,63}")  # an error code as the worker may send one
 
 
 class WorkerError(Exception):
@@ -2499,7 +1136,8 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 class WorkerClient:
     """The agent's side of the runtime worker's socket protocol v1 (worker/README.md): one short
-    connection per request, JSON both ways, a bounded reply."""
+    connection per request, JSON both ways, a bounded reply. The core asks info(); the runtime
+    relay (modelforge_agent_runtime) submits, polls and cancels a job."""
 
     def __init__(
         self,
@@ -2686,351 +1324,420 @@ class RuntimeWorkerWatch:
             log.log(level, message, *args)
 
 
-@dataclass(frozen=True)
-class RuntimeRequest:
-    """The params of a runtime job the agent itself reads (W1): which file of which artifact."""
+# --------------------------------------------------------------------------- jobs
 
-    artifact_id: str
-    model_file: str
-    container_path: str
+# A job id names a directory (<root>/.partial/<job_id>/) and a URL segment: letters, digits, - and _.
+JOB_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+
+class JobFailure(Exception):
+    """A job that cannot finish: its error code, a message without any secret, and whether a
+    later attempt may succeed (J2: network, Hub 5xx, stall, a corrupt byte) or not (the rest)."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.retryable = code, message, retryable
+
+    def to_wire(self) -> dict[str, str]:
+        """The `error` of a fail report."""
+        return {"code": self.code, "message": self.message[:1000]}
+
+
+class JobAbandoned(Exception):
+    """Stop the job and report nothing: its lease is lost or the agent is stopping; partial files stay."""
+
+
+class LeaseLost(Exception):
+    """409 JOB_LEASE_LOST: this attempt no longer owns the job (J2 fencing)."""
+
+    def __init__(self, error: PublishError) -> None:
+        super().__init__(error.describe())
+        self.error = error
+
+
+class JobControl:
+    """How a running job is told to stop, checked between chunks: cancelled (clean up, report
+    JOB_CANCELLED) or abandoned (lease lost, agent stopping: keep the partial files, report nothing)."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.abandoned = threading.Event()
+        self.stopped = threading.Event()  # either of the two
+        self.reason = ""
+
+    def cancel(self) -> None:
+        """An operator cancelled the job."""
+        self.cancelled.set()
+        self.stopped.set()
+
+    def abandon(self, reason: str) -> None:
+        """Stop without a report."""
+        self.reason = reason
+        self.abandoned.set()
+        self.stopped.set()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep up to `seconds`, waking at once when the job is told to stop."""
+        self.stopped.wait(seconds)
+
+    def check(self) -> None:
+        """Raise if the job must stop now."""
+        if self.abandoned.is_set():
+            raise JobAbandoned(self.reason)
+        if self.cancelled.is_set():
+            raise JobFailure(JOB_CANCELLED, "cancelled by an operator", retryable=False)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a job is (J4 shows it as bytes and files; a runtime job as its phase and steps)."""
+
+    bytes_done: int = 0
+    bytes_total: int = 0
+    files_done: int = 0
+    files_total: int = 0
+    phase: str | None = None
+    steps_done: int | None = None
+    steps_total: int | None = None
+
+    def to_wire(self) -> dict[str, object]:
+        """The `progress` of a progress report: the four counts, and the runtime fields only when
+        set (an acquire sends exactly the four)."""
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Job:
+    """A claimed job (J2): the attempt number is the fencing token every report carries."""
+
+    id: str
+    type: str
+    attempt: int
+    params: dict[str, object]
+    max_attempts: int | None = None
+    progress_interval: float = PROGRESS_INTERVAL_SECONDS
+    lease_seconds: float | None = None
 
     @classmethod
-    def from_params(cls, params: dict[str, object]) -> RuntimeRequest:
-        """Check the params the agent needs; a bad one fails the job (not retryable) naming the field.
-        The rest (prompts, token counts) the worker checks."""
+    def from_claim(cls, value: object) -> Job | None:
+        """The job of a claim reply, or None when it lacks what any report on it needs."""
+        item = as_dict(value)
+        job_id, attempt = item.get("id"), item.get("attempt")
+        if isinstance(job_id, int) and not isinstance(job_id, bool):
+            job_id = str(job_id)
+        if not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id):
+            return None
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+            return None
 
-        def bad(name: str, rule: str) -> JobFailure:
-            return JobFailure(JOB_PARAMS_INVALID, f"params.{name} {rule}", retryable=False)
+        def number(name: str, low: float, high: float) -> float | None:
+            raw = item.get(name)
+            ok = isinstance(raw, int | float) and not isinstance(raw, bool) and low <= raw <= high
+            return float(raw) if ok else None
 
-        artifact_id = params.get("artifact_id")
-        if not isinstance(artifact_id, str) or not 0 < len(artifact_id) <= 128 or not artifact_id.isprintable():
-            raise bad("artifact_id", "must be the artifact's id")
-        model_file = params.get("model_file")
-        if not isinstance(model_file, str) or not model_file:
-            raise bad("model_file", "must be the model file's path in the artifact")
-        if not is_safe_relative_path(model_file):
-            raise JobFailure(
-                MODEL_FILE_INVALID,
-                f"params.model_file {ascii(model_file)[:300]} is not a plain path inside the artifact "
-                "(no leading '/', no '.' or '..' segment)",
-                retryable=False,
-            )
-        container_path = params.get("container_path")
-        if not isinstance(container_path, str) or not os.path.isabs(container_path):
-            raise bad("container_path", "must be the artifact's absolute path in the agent's container")
-        return cls(artifact_id, model_file, container_path)
+        max_attempts = item.get("max_attempts")
+        return cls(
+            id=job_id,
+            type=item.get("type") if isinstance(item.get("type"), str) else "",
+            attempt=attempt,
+            params=as_dict(item.get("params")),
+            max_attempts=max_attempts if isinstance(max_attempts, int) and not isinstance(max_attempts, bool) else None,
+            progress_interval=number("progress_interval_seconds", 0.05, 3600) or PROGRESS_INTERVAL_SECONDS,
+            lease_seconds=number("lease_seconds", 1, 86400),
+        )
+
+    def describe(self) -> str:
+        """`job <id> (<type>, attempt <n>)` for log lines."""
+        return f"job {self.id} ({self.type or 'no type'}, attempt {self.attempt})"
 
 
-def verified_model_path(request: RuntimeRequest, artifact_dir: Path) -> str:
-    """The model file's path relative to the artifact directory, which the worker resolves in its
-    own (W1), once the agent has seen that it belongs to an artifact it verified: the artifact's
-    container_path below the artifact directory, its modelforge-manifest.json listing the file
-    with the size it has on disk, a regular file reached without any symlink. Otherwise
-    MODEL_FILE_INVALID, and the worker is never asked."""
-    where = f"{request.model_file} in {request.container_path}"
+class JobsClient:
+    """The agent's side of the job endpoints (J2); a 409 JOB_LEASE_LOST is raised as LeaseLost."""
 
-    def invalid(why: str) -> JobFailure:
-        return JobFailure(MODEL_FILE_INVALID, why, retryable=False)
+    def __init__(self, client: Client) -> None:
+        self.client = client
 
-    base = os.path.abspath(artifact_dir)
-    base_parts = [part for part in base.split("/") if part]
-    parts = [part for part in request.container_path.split("/") if part not in ("", ".")]
-    if ".." in parts or parts[: len(base_parts)] != base_parts:
-        raise invalid(f"{request.container_path} is not below the artifact directory {artifact_dir}")
-    below = parts[len(base_parts) :]
-    *folders, name = request.model_file.split("/")
-    try:
-        base_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as error:
-        raise invalid(f"the artifact directory {artifact_dir} cannot be opened ({error.strerror})") from None
-    try:
-        artifact_fd = open_dir_chain(base_fd, below, create=False)
-    except (JobFailure, OSError) as error:
-        reason = error.strerror if isinstance(error, OSError) else "a symlink or a file is on its path"
-        raise invalid(f"the artifact {request.container_path} cannot be opened ({reason})") from None
-    finally:
-        os.close(base_fd)
-    try:
-        manifest = read_json_at(artifact_fd, MANIFEST_NAME)
-        if manifest is None:
-            raise invalid(
-                f"{request.container_path} has no readable {MANIFEST_NAME}: not an artifact this agent verified"
-            )
-        listed = [
-            item
-            for item in manifest.get("files") or []
-            if isinstance(item, dict) and item.get("path") == request.model_file
-        ]
-        size = whole_number(listed[0].get("size")) if len(listed) == 1 else None
-        if size is None:
-            raise invalid(
-                f"{request.model_file} is not listed (with its size) in the manifest of {request.container_path}"
-            )
+    def _post(self, path: str, body: dict[str, object]) -> dict[str, object]:
         try:
-            folder_fd = open_dir_chain(artifact_fd, folders, create=False)
-        except (JobFailure, OSError):
-            raise invalid(f"{where} cannot be reached without a symlink") from None
+            return self.client.post(path, {**wire_versions(), **body})
+        except PublishError as error:
+            if error.status == 409 and error.code == JOB_LEASE_LOST:
+                raise LeaseLost(error) from None
+            raise
+
+    def claim(self, capabilities: list[str]) -> dict[str, object]:
+        """POST …/jobs/claim: the reply's `job`, or an empty reply (204) when none is waiting."""
+        return self._post("/api/v1/agent/jobs/claim", {"capabilities": capabilities})
+
+    def progress(self, job: Job, progress: Progress) -> dict[str, object]:
+        """POST …/progress: renews the lease; the reply says whether an operator cancelled."""
+        return self._post(
+            f"/api/v1/agent/jobs/{job.id}/progress", {"attempt": job.attempt, "progress": progress.to_wire()}
+        )
+
+    def complete(self, job: Job, result: dict[str, object]) -> None:
+        """POST …/complete with the job's result."""
+        self._post(f"/api/v1/agent/jobs/{job.id}/complete", {"attempt": job.attempt, "result": result})
+
+    def fail(self, job: Job, failure: JobFailure) -> None:
+        """POST …/fail with the error and whether a retry may help."""
+        body = {"attempt": job.attempt, "error": failure.to_wire(), "retryable": failure.retryable}
+        self._post(f"/api/v1/agent/jobs/{job.id}/fail", body)
+
+
+# --------------------------------------------------------------------------- safe paths
+
+# What the job families share to reach files below a base they trust: a path from outside is
+# checked before use, and every directory on the way is opened without following a symlink.
+O_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def is_safe_relative_path(path: str) -> bool:
+    """Relative, no '.', '..' or empty segment, no backslash, NUL or control character, and every
+    segment a name a filesystem can hold: a path that can only mean one file below its base."""
+    parts = path.split("/")
+    return not (
+        not path
+        or path.startswith("/")
+        or "\\" in path
+        or not path.isprintable()
+        or any(part in ("", ".", "..") for part in parts)
+        or any(len(part.encode()) > 255 for part in parts)
+    )
+
+
+def open_dir_chain(base_fd: int, parts: list[str], *, create: bool) -> int:
+    """Open (creating if asked) each directory below `base_fd` without following a symlink; the
+    caller closes the returned descriptor. A symlink or a file in the way is ARTIFACT_PATH_UNSAFE."""
+    fd = os.dup(base_fd)
+    try:
+        for part in parts:
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                next_fd = os.open(part, O_DIR_NOFOLLOW, dir_fd=fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise JobFailure(
+                        ARTIFACT_PATH_UNSAFE,
+                        f"{ascii(part)[:300]} is a symlink or a file where a directory belongs; it is never followed",
+                        retryable=False,
+                    ) from None
+                raise
+            os.close(fd)
+            fd = next_fd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_json_at(dir_fd: int, name: str) -> dict[str, object] | None:
+    """A JSON object from `name` in `dir_fd` (never through a symlink), or None."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
         try:
-            info = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-        except OSError as error:
-            raise invalid(f"{where}: {error.strerror}") from None
+            value = json.loads(handle.read(16 << 20))
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
+# --------------------------------------------------------------------------- job registry and runner
+
+JobHandler = Callable[[Job, Config, JobControl, Callable[[Progress], None]], dict[str, object]]
+
+
+@dataclass(frozen=True)
+class JobFamily:
+    """Where a job type is run (J2): the module beside this file that runs it, the libraries that
+    module imports, and whether it needs a compatible runtime worker (W1)."""
+
+    module: str
+    libraries: tuple[str, ...] = ()
+    needs_worker: bool = False
+
+
+# Job type → its family. What the agent advertises is read from here without importing anything;
+# a family's module is imported when a job of its type is first claimed, and registers itself.
+JOB_FAMILIES: dict[str, JobFamily] = {
+    ACQUIRE_JOB_TYPE: JobFamily("modelforge_agent_acquire", libraries=("huggingface_hub",)),
+    RUNTIME_BENCHMARK_JOB_TYPE: JobFamily("modelforge_agent_runtime", needs_worker=True),
+    RUNTIME_GENERATE_JOB_TYPE: JobFamily("modelforge_agent_runtime", needs_worker=True),
+}
+# Job type → the function that runs it, and how the log line of its success sums its result up;
+# filled by register_job_type() as each family's module is imported.
+JOB_HANDLERS: dict[str, JobHandler] = {}
+JOB_SUMMARIES: dict[str, Callable[[dict[str, object]], str]] = {}
+
+
+def register_job_type(job_type: str, handler: JobHandler, summary: Callable[[dict[str, object]], str]) -> None:
+    """A family's module, as it is imported: the handler of one of its job types, and its summary."""
+    if job_type not in JOB_FAMILIES:
+        raise ValueError(f"{job_type!r} is not in JOB_FAMILIES: it would never be advertised")
+    JOB_HANDLERS[job_type] = handler
+    JOB_SUMMARIES[job_type] = summary
+
+
+def job_handler(job_type: str) -> JobHandler | None:
+    """The handler of a job type, its family's module imported on first use; None for a type this
+    agent does not run."""
+    family = JOB_FAMILIES.get(job_type)
+    if family is not None and job_type not in JOB_HANDLERS:
+        importlib.import_module(family.module)
+    return JOB_HANDLERS.get(job_type)
+
+
+def advertised_capabilities(worker_compatible: bool = False) -> list[str]:
+    """The job types this agent can run (J2): those whose module and libraries are installed, and
+    the ones that need the runtime worker only while a compatible one answers (W1). They are only
+    looked for here, not imported, so an idle agent stays small."""
+    return [
+        job_type
+        for job_type, family in JOB_FAMILIES.items()
+        if all(importlib.util.find_spec(name) is not None for name in (family.module, *family.libraries))
+        and (worker_compatible or not family.needs_worker)
+    ]
+
+
+def result_summary(job_type: str, result: dict[str, object]) -> str:
+    """A few words on a job's result for its success log line (never the whole result)."""
+    summary = JOB_SUMMARIES.get(job_type)
+    return summary(result) if summary is not None else "result with " + ", ".join(sorted(result)[:8])
+
+
+class JobRunner:
+    """One claimed job in a worker thread, so heartbeats go on (J2): progress every interval,
+    then exactly one complete or fail report, or none when the lease was lost."""
+
+    def __init__(self, job: Job, client: JobsClient, config: Config, shutdown: threading.Event) -> None:
+        self.job, self.client, self.config, self.shutdown = job, client, config, shutdown
+        self.control = JobControl()
+        self.finished = threading.Event()
+        self._progress = Progress()
+        self._lock = threading.Lock()
+        self.failure: JobFailure | None = None  # how the attempt failed, once it has
+        self.thread = threading.Thread(target=self.run, name=f"job-{job.id}", daemon=True)
+
+    def start(self) -> JobRunner:
+        """Run the job in its own thread."""
+        self.thread.start()
+        return self
+
+    def alive(self) -> bool:
+        """Whether the job is still running."""
+        return self.thread.is_alive()
+
+    def on_progress(self, progress: Progress) -> None:
+        """Called by the job as it goes; the reporter thread sends the latest on its interval."""
+        with self._lock:
+            self._progress = progress
+
+    def latest_progress(self) -> Progress:
+        """The last progress the job gave."""
+        with self._lock:
+            return self._progress
+
+    def run(self) -> None:
+        """Run the handler while a reporter thread sends progress, then report the outcome."""
+        job = self.job
+        log.info("%s claimed", job.describe())
+        reporter = threading.Thread(target=self.report_progress_loop, name=f"job-{job.id}-progress", daemon=True)
+        reporter.start()
+        result: dict[str, object] | None = None
+        failure: JobFailure | None = None
+        try:
+            result = self.execute()
+        except JobAbandoned as abandoned:
+            log.info("%s stopped (%s); its partial files are kept for the next attempt", job.describe(), abandoned)
+        except JobFailure as error:
+            failure = error
+        except Exception as error:  # the worker thread must always end the job's story with a report
+            log.exception("%s: unexpected %s", job.describe(), type(error).__name__)
+            failure = JobFailure("AGENT_INTERNAL_ERROR", f"the agent hit {type(error).__name__}", retryable=True)
         finally:
-            os.close(folder_fd)
-    finally:
-        os.close(artifact_fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise invalid(f"{where} is a symlink or not a regular file")
-    if info.st_size != size:
-        raise invalid(f"{where} has {info.st_size} bytes on disk; its manifest says {size}")
-    return "/".join([*below, request.model_file])
-
-
-class RuntimeRun:
-    """One attempt of a runtime job in the worker (W1): submit it, poll its status every quarter
-    second and relay it as progress, and cancel it there when the job is cancelled or abandoned."""
-
-    def __init__(
-        self, job: Job, worker: WorkerClient, control: JobControl, on_progress: Callable[[Progress], None]
-    ) -> None:
-        self.job, self.worker, self.control, self.on_progress = job, worker, control, on_progress
-        # A fresh worker job id per run: a later attempt, or this one after an agent restart, must
-        # never be answered with the status of an earlier run (the worker keeps the last one).
-        self.worker_job_id = f"{job.id[:100]}-{job.attempt}-{uuid.uuid4().hex[:8]}"
-        self.timeouts = 0
-
-    def run(self, params: dict[str, object]) -> dict[str, object]:
-        """The worker's result once it succeeds; JobFailure or JobAbandoned otherwise."""
-        self.control.check()
-        status: dict[str, object] | None = self.submit(params)
-        log.info("job %s: running in the runtime worker as %s", self.job.id, self.worker_job_id)
-        while True:
-            if status is not None:
-                self.report(status)
-                if status["state"] != "running":
-                    return self.outcome(status)
-            if self.control.stopped.is_set():
-                self.stop_in_worker()
-            self.control.wait(WORKER_POLL_SECONDS)
-            status = self.poll()
-
-    def submit(self, params: dict[str, object]) -> dict[str, object]:
-        """POST /v1/jobs; a worker still busy with a job of an earlier run (the agent restarted
-        while it ran) has that job cancelled first. A timed-out submit is sent again: the same id
-        answers its status, so a lost reply is harmless."""
-        cancelled_stale = False
-        while True:
-            try:
-                return self.status_of(self.worker.submit(self.worker_job_id, self.job.type, params))
-            except WorkerError as error:
-                if error.status == 409 and error.code == "WORKER_BUSY" and not cancelled_stale:
-                    cancelled_stale = True
-                    self.cancel_stale_job()
-                    continue
-                if error.timed_out and self.timeouts + 1 < WORKER_POLL_TIMEOUTS:
-                    self.timeouts += 1
-                    continue
-                raise self.failure(error) from None
-
-    def cancel_stale_job(self) -> None:
-        """Cancel the job the worker says it runs (the agent is its only client and runs one job
-        at a time, so it is a leftover), and wait a little for it to stop."""
-        try:
-            held = as_dict(self.worker.info().get("job"))
-            stale = held.get("id")
-            if not isinstance(stale, str) or held.get("state") != "running" or stale == self.worker_job_id:
-                return
+            self.finished.set()
+            reporter.join()
+        if failure is not None:
+            self.failure = failure
             log.warning(
-                "job %s: the runtime worker still runs %s from an earlier run; cancelling it", self.job.id, stale
+                "%s failed: %s %s (%s)",
+                job.describe(),
+                failure.code,
+                failure.message,
+                "retryable" if failure.retryable else "not retryable",
             )
-            self.worker.cancel(stale)
-            self.wait_until_stopped(stale)
-        except WorkerError as error:
-            raise self.failure(error) from None
+            self.deliver("fail", lambda: self.client.fail(job, failure))
+        elif result is not None and self.send_progress():
+            log.info("%s succeeded: %s", job.describe(), result_summary(job.type, result))
+            self.deliver("complete", lambda: self.client.complete(job, result))
 
-    def wait_until_stopped(self, worker_job_id: str) -> bool:
-        """Poll until the worker says the job no longer runs (or forgot it), at most a few seconds."""
-        deadline = time.monotonic() + WORKER_CANCEL_WAIT_SECONDS
-        while time.monotonic() < deadline:
+    def execute(self) -> dict[str, object]:
+        """Dispatch to the handler for the job's type (in this worker thread, so the first job of a
+        family imports its module here, while heartbeats go on)."""
+        handler = job_handler(self.job.type)
+        if handler is None:
+            raise JobFailure(JOB_TYPE_UNSUPPORTED, f"this agent does not run {self.job.type!r} jobs", retryable=False)
+        return handler(self.job, self.config, self.control, self.on_progress)
+
+    def report_progress_loop(self) -> None:
+        """Every progress interval until the job ends: report, and stop the job if told to."""
+        while not self.finished.wait(self.job.progress_interval):
+            if self.shutdown.is_set():
+                self.control.abandon("the agent is stopping")
+                return
+            if not self.send_progress():
+                return  # the lease is lost: no report of this attempt is ever sent again
+
+    def send_progress(self) -> bool:
+        """One progress report; False once the lease is lost. An unreachable control plane is
+        only logged: the job goes on and the next interval tries again (the lease may lapse)."""
+        try:
+            reply = self.client.progress(self.job, self.latest_progress())
+        except LeaseLost as lost:
+            log.warning("%s: %s; this attempt stops and reports nothing more", self.job.describe(), lost)
+            self.control.abandon("lease lost")
+            return False
+        except PublishError as error:
+            log.warning("%s; the job goes on, next report in %gs", error.describe(), self.job.progress_interval)
+            return True
+        if reply.get("cancel_requested") is True and not self.control.cancelled.is_set():
+            log.info("%s: cancel requested", self.job.describe())
+            self.control.cancel()
+        return True
+
+    def deliver(self, what: str, send: Callable[[], None]) -> None:
+        """Send the final report, retrying an unreachable control plane with backoff for a while;
+        a 409 lease lost or another refusal is never retried."""
+        backoff = Backoff()
+        deadline = time.monotonic() + FINAL_REPORT_PATIENCE_SECONDS
+        while True:
             try:
-                if self.worker.status(worker_job_id).get("state") != "running":
-                    return True
-            except WorkerError as error:
-                if error.status == 404:
-                    return True
-                if error.status is None and not error.timed_out:
-                    raise
-            time.sleep(0.1)
-        return False
-
-    def poll(self) -> dict[str, object] | None:
-        """GET the job's status; None after a timed-out poll that is not yet one too many."""
-        try:
-            status = self.status_of(self.worker.status(self.worker_job_id))
-        except WorkerError as error:
-            if error.timed_out and self.timeouts + 1 < WORKER_POLL_TIMEOUTS:
-                self.timeouts += 1
-                log.warning("job %s: the runtime worker %s; polling again", self.job.id, error.reason)
-                return None
-            raise self.failure(error) from None
-        self.timeouts = 0
-        return status
-
-    def status_of(self, reply: dict[str, object]) -> dict[str, object]:
-        """A job status as the protocol says it (our id, a known state), or WorkerError."""
-        if reply.get("id") != self.worker_job_id or reply.get("state") not in WORKER_JOB_STATES:
-            raise WorkerError(f"the worker answered for job {self.worker_job_id} without its id and a known state")
-        return reply
-
-    def report(self, status: dict[str, object]) -> None:
-        """Pass the worker's phase and steps on as the job's progress (the reporter sends it)."""
-        phase = short_text(status.get("phase"), 32)
-        self.on_progress(
-            Progress(
-                phase=phase if phase else None,
-                steps_done=whole_number(status.get("steps_done")),
-                steps_total=whole_number(status.get("steps_total")),
-            )
-        )
-
-    def outcome(self, status: dict[str, object]) -> dict[str, object]:
-        """The result of a job that ended in the worker, or the failure it ended with."""
-        state = status["state"]
-        if state == "succeeded":
-            result = status.get("result")
-            if not isinstance(result, dict):
-                raise JobFailure(
-                    RUNTIME_WORKER_UNAVAILABLE, "the runtime worker reported success without a result", retryable=True
-                )
-            return result
-        if state == "failed":
-            error = as_dict(status.get("error"))
-            code = error.get("code")
-            if not isinstance(code, str) or not ERROR_CODE_PATTERN.fullmatch(code):
-                raise JobFailure(
-                    RUNTIME_WORKER_UNAVAILABLE,
-                    "the runtime worker failed the job without an error code",
-                    retryable=True,
-                )
-            message = short_text(error.get("message"), 1000) or "the runtime worker gave no message"
-            raise JobFailure(code, message, retryable=error.get("retryable") is True)
-        self.control.check()  # cancelled here: JOB_CANCELLED
-        raise JobFailure(
-            RUNTIME_WORKER_UNAVAILABLE,
-            "the runtime worker cancelled the job on its own (was it stopping?)",
-            retryable=True,
-        )
-
-    def stop_in_worker(self) -> None:
-        """Cancelled or abandoned: cancel the job in the worker too, so it frees the model, then
-        raise. A cancel waits (a few seconds at most) until the worker says it stopped; an abandon
-        does not wait, the agent may be stopping."""
-        try:
-            self.worker.cancel(self.worker_job_id)
-            if not self.control.abandoned.is_set() and not self.wait_until_stopped(self.worker_job_id):
-                log.warning(
-                    "job %s: the runtime worker did not confirm the cancel within %gs",
-                    self.job.id,
-                    WORKER_CANCEL_WAIT_SECONDS,
-                )
-        except WorkerError as error:
-            log.warning("job %s: could not cancel it in the runtime worker: %s", self.job.id, error.reason)
-        self.control.check()
-
-    @staticmethod
-    def failure(error: WorkerError) -> JobFailure:
-        """How a worker's answer (or silence) fails the job: a gone worker is retryable
-        RUNTIME_WORKER_UNAVAILABLE; a refusal carries the worker's own code."""
-        if error.status is None or (error.status == 404 and error.code == "WORKER_JOB_UNKNOWN"):
-            what = "no longer knows the job (it restarted)" if error.status else f"stopped answering: {error.reason}"
-            return JobFailure(RUNTIME_WORKER_UNAVAILABLE, f"the runtime worker {what}", retryable=True)
-        if error.status == 409:
-            return JobFailure(
-                RUNTIME_WORKER_UNAVAILABLE,
-                f"the runtime worker stays busy with another job ({error.reason})",
-                retryable=True,
-            )
-        if error.status == 400:
-            message = f"the runtime worker refused the params: {error.message or error.reason}"
-            return JobFailure(JOB_PARAMS_INVALID, message, retryable=False)
-        if error.code is None:
-            return JobFailure(RUNTIME_WORKER_UNAVAILABLE, f"the runtime worker answered {error.reason}", retryable=True)
-        return JobFailure(error.code, error.message or error.reason, retryable=error.retryable or error.status >= 500)
-
-
-def run_runtime_job(
-    job: Job, config: Config, control: JobControl, on_progress: Callable[[Progress], None]
-) -> dict[str, object]:
-    """The runtime.benchmark.v1 and runtime.generate.v1 handler (W1, W2): check that the model
-    file belongs to an artifact verified here, run the job in the worker, and return its result
-    with the artifact id and model file added."""
-    request = RuntimeRequest.from_params(job.params)
-    model_path = verified_model_path(request, config.data_dirs["artifacts"])
-    result = RuntimeRun(job, WorkerClient(config.worker_socket), control, on_progress).run(
-        {**job.params, "model_path": model_path}
-    )
-    return {**result, "artifact_id": request.artifact_id, "model_file": request.model_file}
-
-
-def _mean(result: dict[str, object], key: str) -> str:
-    mean = as_dict(result.get(key)).get("mean")
-    return f"{mean:.1f}" if isinstance(mean, int | float) and not isinstance(mean, bool) else "?"
-
-
-def benchmark_summary(result: dict[str, object]) -> str:
-    """`model.gguf: prompt 812.3 tokens/s, generation 91.2 tokens/s (cpu)` for the success log line."""
-    backend = as_dict(result.get("engine")).get("backend")
-    return (
-        f"{result.get('model_file')}: prompt {_mean(result, 'prompt_tokens_per_second')} tokens/s, "
-        f"generation {_mean(result, 'generate_tokens_per_second')} tokens/s ({backend})"
-    )
-
-
-def generate_summary(result: dict[str, object]) -> str:
-    """`model.gguf: 2 prompt(s) answered` for the success log line."""
-    outputs = result.get("outputs")
-    return f"{result.get('model_file')}: {len(outputs) if isinstance(outputs, list) else 0} prompt(s) answered"
-
-
-JOB_HANDLERS[RUNTIME_BENCHMARK_JOB_TYPE] = run_runtime_job
-JOB_HANDLERS[RUNTIME_GENERATE_JOB_TYPE] = run_runtime_job
-JOB_SUMMARIES[RUNTIME_BENCHMARK_JOB_TYPE] = benchmark_summary
-JOB_SUMMARIES[RUNTIME_GENERATE_JOB_TYPE] = generate_summary
+                send()
+                return
+            except LeaseLost as lost:
+                log.warning("%s: %s; the %s report is dropped", self.job.describe(), lost, what)
+                return
+            except PublishError as error:
+                if error.status is not None and error.status < 500:
+                    log.error("%s: %s; the %s report was refused", self.job.describe(), error.describe(), what)
+                    return
+                delay = backoff.next_delay()
+                if time.monotonic() + delay > deadline:
+                    log.error("%s: %s; giving up on the %s report", self.job.describe(), error.describe(), what)
+                    return
+                log.warning("%s (backoff %s); next try in %gs", error.describe(), backoff.describe(), delay)
+                if self.shutdown.wait(backoff.jittered(delay)):
+                    return
 
 
 # --------------------------------------------------------------------------- publishing loop
-
-
-class Backoff:
-    """A4: bounded exponential backoff, 1 s → 16 s, with jitter."""
-
-    def __init__(self, low: float = BACKOFF_MIN_SECONDS, high: float = BACKOFF_MAX_SECONDS) -> None:
-        self.low, self.high = low, high
-        self.attempt = 0
-        self.held = False
-
-    def next_delay(self) -> float:
-        """The nominal delay for this failure, then doubled for the next (capped)."""
-        delay = self.high if self.held else min(self.high, self.low * 2 ** min(self.attempt, 16))
-        self.attempt = min(self.attempt + 1, 99)  # bounded: hours of outage must not overflow
-        return delay
-
-    def hold_at_max(self) -> None:
-        """Wait the longest delay until the next success: retrying sooner would be refused again."""
-        self.held = True
-
-    @staticmethod
-    def jittered(delay: float) -> float:
-        """Up to ±20 % jitter so many nodes do not retry in lock step."""
-        return delay * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        """After a success, start again from the bottom."""
-        self.attempt = 0
-        self.held = False
-
-    def describe(self) -> str:
-        """The range, as the A3 log line shows it."""
-        return f"{self.low:g}s…{self.high:g}s"
 
 
 class Exit(Exception):
@@ -3474,4 +2181,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `python -m` runs this file as __main__: a job family's module imports it by name and must
+    # find this very module (one JOB_HANDLERS, one JobFailure), not load a second copy of it.
+    sys.modules.setdefault("modelforge_node_agent", sys.modules[__name__])
     sys.exit(main())

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import modelforge_agent_acquire as acquire_job
 import modelforge_node_agent as agent
 from tests.support import PROJECT_ROOT
 from tests.support.hub import HOSTILE_PATHS, STREAM_CHUNK, Generated, StandinHub
@@ -86,7 +87,7 @@ def acquire(
 ):
     """One attempt, as the worker runs it."""
     params = {"repo_id": REPO, "container_path": str(root or place.root), "min_free_bytes": 0, **params}
-    return agent.acquire_artifact(
+    return acquire_job.acquire_artifact(
         params,
         agent.HubSettings(endpoint=hub_url, token=token, stall_seconds=stall),
         artifact_dir=place.artifacts,
@@ -229,7 +230,7 @@ def test_one_corrupted_byte_quarantines_the_attempt_with_its_evidence(hub, place
     true = hub.file(REPO, path)
     hub.corrupt(REPO, path, offset=true.size // 2)
     failure = failure_of(hub.url, place, attempt=2)
-    assert (failure.code, failure.retryable) == (agent.ARTIFACT_VERIFICATION_FAILED, True)
+    assert (failure.code, failure.retryable) == (acquire_job.ARTIFACT_VERIFICATION_FAILED, True)
     assert not place.final(commit).exists() and not place.partial().exists()
     evidence = place.quarantine / "job-1-2"
     reason = json.loads((evidence / "reason.json").read_text())
@@ -278,7 +279,7 @@ def test_a_quarantine_that_cannot_move_keeps_the_evidence_and_closes_nothing_twi
     monkeypatch.setattr(agent.os, "close", recording_close)
     monkeypatch.setattr(agent.shutil, "move", full_disk)
     failure = failure_of(hub.url, place, attempt=2)
-    assert (failure.code, failure.retryable) == (agent.STORAGE_CAPACITY_GUARD, False)
+    assert (failure.code, failure.retryable) == (acquire_job.STORAGE_CAPACITY_GUARD, False)
     assert "a.txt" in failure.message and str(place.partial()) in failure.message
     assert twice == []
     # The evidence stays where it was: nothing deleted, nothing in place, nothing half-quarantined.
@@ -287,7 +288,7 @@ def test_a_quarantine_that_cannot_move_keeps_the_evidence_and_closes_nothing_twi
 
 
 def test_a_closed_partial_directory_refuses_every_later_use(place):
-    partial = agent.PartialDir(str(place.root), "job-1")
+    partial = acquire_job.PartialDir(str(place.root), "job-1")
     partial.create({"commit": "c"})
     partial.close()
     partial.close()  # a second close does nothing
@@ -308,7 +309,7 @@ def test_a_broken_transfer_resumes_with_range_and_the_next_attempt_fetches_only_
     # fails (retryable) with 2 MiB on disk.
     hub.drop("weights/model.gguf", after_bytes=512 * 1024, times=None)
     failure = failure_of(hub.url, place)
-    assert (failure.code, failure.retryable) == (agent.HUB_UNAVAILABLE, True)
+    assert (failure.code, failure.retryable) == (acquire_job.HUB_UNAVAILABLE, True)
     partial = place.partial() / "weights/model.gguf"
     assert partial.stat().st_size == 2 * MiB
     ranges = [record.headers.get("range") for record in file_requests(hub)]
@@ -338,9 +339,9 @@ def test_a_sigkilled_agent_resumes_from_what_it_had_written(hub, place):
     size = 8 * MiB
     hub.stall("weights/model.gguf", after_bytes=3 * MiB, seconds=60)  # holds the child mid-file
     script = (
-        "import json, sys, pathlib, modelforge_node_agent as a\n"
+        "import json, sys, pathlib, modelforge_node_agent as a, modelforge_agent_acquire as q\n"
         "args = json.loads(sys.argv[1])\n"
-        "a.acquire_artifact(args['params'], a.HubSettings(endpoint=args['url'], stall_seconds=120),"
+        "q.acquire_artifact(args['params'], a.HubSettings(endpoint=args['url'], stall_seconds=120),"
         " artifact_dir=pathlib.Path(args['artifacts']), quarantine_dir=pathlib.Path(args['quarantine']),"
         " job_id='job-1', attempt=1)\n"
     )
@@ -381,7 +382,7 @@ def test_a_hub_5xx_is_retryable_hub_unavailable(hub, place, target):
     hub.add_repo(REPO, FILES)
     hub.fail_next(1, 503, path=target)
     failure = failure_of(hub.url, place)
-    assert (failure.code, failure.retryable) == (agent.HUB_UNAVAILABLE, True)
+    assert (failure.code, failure.retryable) == (acquire_job.HUB_UNAVAILABLE, True)
     assert "HTTP 503" in failure.message
 
 
@@ -391,7 +392,7 @@ def test_a_stall_with_no_byte_fails_the_attempt_retryable_and_one_after_progress
     started = time.monotonic()
     failure = failure_of(hub.url, place, stall=0.4)
     assert time.monotonic() - started < 2.5
-    assert (failure.code, failure.retryable) == (agent.HUB_UNAVAILABLE, True)
+    assert (failure.code, failure.retryable) == (acquire_job.HUB_UNAVAILABLE, True)
     assert "stalled: no byte for 0.4s" in failure.message
     assert place.partial().exists()  # retryable: kept for the next attempt
 
@@ -400,22 +401,41 @@ def test_a_stall_with_no_byte_fails_the_attempt_retryable_and_one_after_progress
     assert acquire(hub.url, place, attempt=2, stall=0.4)["files"] == 1
 
 
+def test_the_stall_limit_holds_for_the_hubs_api_too(hub, place):
+    # huggingface_hub's shared client waits forever; each of the agent's calls carries the limit.
+    commit = hub.add_repo(REPO, FILES)
+    hub.stall(f"/api/models/{REPO}/revision/main", after_bytes=0, seconds=30)
+    started = time.monotonic()
+    failure = failure_of(hub.url, place, stall=0.4)
+    assert time.monotonic() - started < 5
+    assert (failure.code, failure.retryable) == (acquire_job.HUB_UNAVAILABLE, True)
+    assert "did not answer within 0.4s" in failure.message
+
+    # A tree listing that stalls is cut off too, and asked again (huggingface_hub's retry).
+    hub.reset_faults()
+    hub.stall(f"/api/models/{REPO}/tree/{commit}", after_bytes=0, seconds=30)
+    started = time.monotonic()
+    assert acquire(hub.url, place, attempt=2, stall=0.4)["commit"] == commit
+    assert time.monotonic() - started < 15  # not the stall's 30 s
+    assert len([record for record in hub.requests if record.path == f"/api/models/{REPO}/tree/{commit}"]) == 2
+
+
 def test_an_unreachable_hub_is_retryable(place):
     with StandinHub() as gone:
         url = gone.url
     failure = failure_of(url, place)
-    assert (failure.code, failure.retryable) == (agent.HUB_UNAVAILABLE, True)
+    assert (failure.code, failure.retryable) == (acquire_job.HUB_UNAVAILABLE, True)
 
 
 @pytest.mark.parametrize(
     ("case", "code"),
     [
-        ("missing-anonymous", agent.HUB_REPO_NOT_FOUND),
-        ("missing-with-token", agent.HUB_REPO_NOT_FOUND),
-        ("private-anonymous", agent.HUB_REPO_NOT_FOUND),
-        ("bad-revision", agent.HUB_REVISION_NOT_FOUND),
-        ("gated-anonymous", agent.HUB_AUTH_REQUIRED),
-        ("gated-wrong-token", agent.HUB_AUTH_REQUIRED),
+        ("missing-anonymous", acquire_job.HUB_REPO_NOT_FOUND),
+        ("missing-with-token", acquire_job.HUB_REPO_NOT_FOUND),
+        ("private-anonymous", acquire_job.HUB_REPO_NOT_FOUND),
+        ("bad-revision", acquire_job.HUB_REVISION_NOT_FOUND),
+        ("gated-anonymous", acquire_job.HUB_AUTH_REQUIRED),
+        ("gated-wrong-token", acquire_job.HUB_AUTH_REQUIRED),
     ],
 )
 def test_hub_refusals_have_their_codes_and_are_not_retried(hub, place, case, code):
@@ -448,7 +468,7 @@ def test_the_token_goes_to_the_hub_only_never_to_the_cdn_a_log_or_the_result(hub
         hub.reset_faults()
         hub.redirect_lfs_to(cdn)
         result = acquire(hub.url, place, token=TOKEN, attempt=2)
-    assert failure.code == agent.ARTIFACT_VERIFICATION_FAILED
+    assert failure.code == acquire_job.ARTIFACT_VERIFICATION_FAILED
     assert [record.headers.get("authorization") for record in hub.requests] == [f"Bearer {TOKEN}"] * len(hub.requests)
     lfs = [record for record in cdn.requests if "/cdn-lfs/" in record.path]
     assert len(lfs) == 2 and all(record.status == 200 for record in lfs)  # the gguf and the safetensors
@@ -468,7 +488,7 @@ def test_the_capacity_guard_refuses_before_the_first_byte(hub, place):
     hub.add_repo(REPO, FILES)
     free = os.statvfs(place.root).f_bavail * os.statvfs(place.root).f_frsize
     failure = failure_of(hub.url, place, min_free_bytes=free + 10**12)
-    assert (failure.code, failure.retryable) == (agent.STORAGE_CAPACITY_GUARD, False)
+    assert (failure.code, failure.retryable) == (acquire_job.STORAGE_CAPACITY_GUARD, False)
     assert "min_free_bytes" in failure.message
     assert file_requests(hub) == [] and list(place.root.iterdir()) == []
 
@@ -526,7 +546,7 @@ def test_the_capacity_guard_stops_a_download_when_the_root_fills_up_while_it_wri
     before = place.everything() - {str(p.relative_to(place.tmp)) for p in root.rglob("*")}
     failure = failure_of(hub.url, place, root=root, min_free_bytes=MiB)
     filling.join(timeout=5)
-    assert (failure.code, failure.retryable) == (agent.STORAGE_CAPACITY_GUARD, False)
+    assert (failure.code, failure.retryable) == (acquire_job.STORAGE_CAPACITY_GUARD, False)
     assert not (root / ".partial" / "job-1").exists() and not (root / "models").exists()
     outside = place.everything() - {str(p.relative_to(place.tmp)) for p in root.rglob("*")}
     assert outside - before <= ({"artifacts/small/filler"} if filler else set())  # nothing else, nowhere else
@@ -539,7 +559,7 @@ def test_a_root_outside_the_artifact_directory_or_missing_is_unavailable(hub, pl
     (place.artifacts / "sneaky").symlink_to(outside)
     for root in (place.artifacts / "sneaky", place.artifacts / "missing"):
         failure = failure_of(hub.url, place, root=root)
-        assert (failure.code, failure.retryable) == (agent.STORAGE_ROOT_UNAVAILABLE, False)
+        assert (failure.code, failure.retryable) == (acquire_job.STORAGE_ROOT_UNAVAILABLE, False)
     assert list(outside.iterdir()) == [] and hub.requests == []
 
 
@@ -581,7 +601,7 @@ def test_a_tree_entry_without_a_usable_hash_or_size_is_refused(hub, place, entry
     hub.add_repo(REPO, FILES)
     hub.hostile_tree(REPO, [entry])
     failure = failure_of(hub.url, place)
-    assert (failure.code, failure.retryable) == (agent.HUB_TREE_INVALID, False)
+    assert (failure.code, failure.retryable) == (acquire_job.HUB_TREE_INVALID, False)
     assert file_requests(hub) == [] and list(place.root.iterdir()) == []
 
 

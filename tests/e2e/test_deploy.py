@@ -565,6 +565,21 @@ def test_agent_image_installs_only_the_agent_and_its_python_dependencies():
             assert not re.search(r"libnvidia|cuda|apt-get|nvidia-utils|nvidia-driver", arguments), arguments
 
 
+@pytest.mark.parametrize("path", [AGENT_DOCKERFILE, CONTROL_PLANE_DOCKERFILE], ids=lambda path: path.name)
+def test_the_images_carry_every_module_of_the_agent(path):
+    """The agent is its core and one module per job family, beside it in agent/; an image that
+    left a family out would quietly stop advertising its job types (spec: parts)."""
+    modules = {f"agent/{module.name}" for module in (PROJECT_ROOT / "agent").glob("*.py")}
+    assert {"agent/modelforge_node_agent.py", "agent/modelforge_agent_acquire.py"} <= modules
+    copied = set()
+    for keyword, arguments in dockerfile_instructions(path):
+        if keyword == "COPY" and not arguments.startswith("--"):
+            copied |= set(arguments.split()[:-1])
+    assert modules <= copied, sorted(modules - copied)
+    ignore = path.with_name(path.name + ".dockerignore").read_text(encoding="utf-8").split("\n")
+    assert {f"!{module}" for module in modules} <= set(ignore)
+
+
 def test_control_plane_image_runs_migrations_then_gunicorn_as_non_root():
     stage = final_stage(CONTROL_PLANE_DOCKERFILE)
     users = [arguments for keyword, arguments in stage if keyword == "USER"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import modelforge_agent_runtime as runtime_relay
 import modelforge_node_agent as agent
 from tests.support import wait_until
 from tests.support.agent import FakeControlPlane, assert_matches_the_servers_schema, make_agent, make_config, runner_for
@@ -49,7 +50,7 @@ def artifacts(tmp_path) -> Path:
 
 
 def write_manifest(artifact: Path, sizes: dict[str, int]) -> None:
-    """modelforge-manifest.json as the acquire section writes it (J3)."""
+    """modelforge-manifest.json as the acquire job writes it (J3)."""
     manifest = {
         "manifest_version": 1,
         "repo_id": "org/tiny",
@@ -469,7 +470,7 @@ def test_a_model_file_that_is_not_a_verified_artifact_file_never_reaches_the_wor
     runner.thread.join(timeout=10)
     (fail,) = control_plane.bodies("fail")
     assert_matches_the_servers_schema(fail, "FailRequest")
-    assert (fail["error"]["code"], fail["retryable"]) == (agent.MODEL_FILE_INVALID, False)
+    assert (fail["error"]["code"], fail["retryable"]) == (runtime_relay.MODEL_FILE_INVALID, False)
     assert says in fail["error"]["message"]
     assert worker.call("GET", "/v1/info")[1]["job"] is None  # the worker was never asked
 

@@ -444,6 +444,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_bytes(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
         self._send_head(status, {**headers, "Content-Length": str(len(body))})
         if self.command != "HEAD" and body:
+            if self.record.path.startswith("/api/"):
+                # An API answer stalls or drops between its headers and its body (its URL path as
+                # the fault's path); a file's body does so mid-stream (_stream).
+                self.wfile.flush()
+                for fault in self.server.hub._body_faults_for(self.record):
+                    self._fire(fault)
             self.record.bytes_sent += len(body)  # counted first: a client that has the bytes sees them counted
             self.wfile.write(body)
 
@@ -940,7 +946,8 @@ class StandinHub:
         self, path: str, after_bytes: int, seconds: float, *, repo_id: str | None = None, times: int | None = 1
     ) -> None:
         """Pause the body of the next `times` GETs of `path` (None: all) for `seconds` after
-        `after_bytes` bytes of that response; stop() cuts the pause short."""
+        `after_bytes` bytes of that response; stop() cuts the pause short. An /api URL path as
+        `path` pauses that answer after its headers, before any of its body."""
         with self._lock:
             self._body_faults.append(_BodyFault("stall", path, repo_id, after_bytes, seconds, times))
 

@@ -13,7 +13,16 @@ from packaging.utils import canonicalize_name
 
 from tests.support import PROJECT_ROOT
 
-FIRST_PARTY = {"app", "tests", "modelforge_node_agent", "modelforge_runtime_worker", "pynvml", "wsgi"}
+FIRST_PARTY = {
+    "app",
+    "tests",
+    "modelforge_node_agent",
+    "modelforge_agent_acquire",
+    "modelforge_agent_runtime",
+    "modelforge_runtime_worker",
+    "pynvml",
+    "wsgi",
+}
 
 
 def imported_top_levels(source: str) -> set[str]:
