@@ -6,7 +6,6 @@ from typing import NamedTuple
 
 from flask import current_app
 
-from app import enrollment, publishing, rate_limits
 from app.api import bodies, bp, json_response
 from app.api.auth import bearer_credential
 from app.api.errors import ApiError, error_response
@@ -15,6 +14,7 @@ from app.compat import COMPATIBLE, compatibility
 from app.config import current_settings, normalize_origin
 from app.extensions import db
 from app.jobs import storage
+from app.nodes import enrollment, publishing, rate_limits
 from app.timeutil import utcnow
 
 

@@ -9,7 +9,6 @@ wizard closes, readiness is checked, the token is revoked or the countdown reach
 
 from __future__ import annotations
 
-from app import enrollment, readiness
 from app.config import current_settings
 from app.console import bp, page_or_partial
 from app.console.auth import login_required
@@ -29,6 +28,7 @@ from app.console.forms import EnrollForm, parse_labels
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.models import EnrollmentState
+from app.nodes import enrollment, readiness
 from app.public_origin import current_api_origin
 from app.release_manifest import pasted_workers
 from app.timeutil import utcnow
