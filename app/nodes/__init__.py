@@ -1,9 +1,9 @@
 """The node lifecycle; this module reads nodes back and holds the operator's actions on them (I5, I6, L1).
 
 The stages of a node's life are the modules beside it: `enrollment` (E1–E5), `publishing` and
-`rate_limits` (A2, N4, L2), `liveness` (L1–L4), `readiness` (R1), then what is kept of what it
-published, `retention` and `telemetry_history` (N4, C3). No HTTP here: the API and the console
-call these modules.
+`rate_limits` (A2, N4, L2), `compat` for the protocols its agent and worker speak (A1, W1),
+`liveness` (L1–L4), `readiness` (R1), then what is kept of what it published, `retention` and
+`telemetry_history` (N4, C3). No HTTP here: the API and the console call these modules.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from itertools import islice
 import sqlalchemy as sa
 
 from app import audit, tokens
-from app.compat import compatibility, worker_compatibility
 from app.config import Settings
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
 from app.models.telemetry import sample_dict
 from app.nodes import liveness
+from app.nodes.compat import compatibility, worker_compatibility
 from app.timeutil import isoformat, utcnow
 
 

@@ -12,7 +12,6 @@ import sqlalchemy as sa
 
 from app import audit, tokens
 from app.acceptance import checklist as acceptance
-from app.compat import RUNTIME_WORKER, answer_for
 from app.db import begin_read_only, insert_ignoring_duplicates
 from app.errors import DomainError
 from app.extensions import db
@@ -29,6 +28,7 @@ from app.models import (
 )
 from app.models.telemetry import METRICS
 from app.nodes import rate_limits
+from app.nodes.compat import RUNTIME_WORKER, answer_for
 from app.timeutil import isoformat, utcnow
 
 logger = logging.getLogger("modelforge.publishing")

@@ -11,11 +11,11 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from app.compat import COMPATIBLE, compatibility
 from app.config import Settings
 from app.extensions import db
 from app.models import Enrollment, EnrollmentState, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
 from app.nodes import liveness
+from app.nodes.compat import COMPATIBLE, compatibility
 from app.timeutil import isoformat, utcnow
 
 PASS, PENDING, FAIL = "pass", "pending", "fail"
