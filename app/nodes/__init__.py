@@ -209,7 +209,7 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
 
 @dataclass(frozen=True)
 class NodeSummary:
-    """One row of the console's node list (C2)."""
+    """One row of the console's node list (C2); the console puts it in words (app/console/formatting.py)."""
 
     id: str
     display_name: str
@@ -231,32 +231,6 @@ class NodeSummary:
     def gpu_count(self) -> int:
         """How many present GPUs the node reported."""
         return sum(self.gpu_models.values())
-
-    @property
-    def gpu_text(self) -> str:
-        """'2 × NVIDIA RTX A6000', or '3 × A (2), B (1)' for a mixed node."""
-        if not self.gpu_models:
-            return "none reported"
-        if len(self.gpu_models) == 1:
-            return f"{self.gpu_count} × {next(iter(self.gpu_models))}"
-        mixed = ", ".join(f"{model} ({count})" for model, count in sorted(self.gpu_models.items()))
-        return f"{self.gpu_count} × {mixed}"
-
-    @property
-    def eligibility_text(self) -> str:
-        """The eligibility flags in words; a disabled node is eligible for nothing (L4)."""
-        if self.disabled:
-            return "none (disabled)"
-        flags = [
-            name
-            for name, flag in (
-                ("production", self.production_eligible),
-                ("lab", self.lab_eligible),
-                ("benchmark", self.benchmark_eligible),
-            )
-            if flag
-        ]
-        return ", ".join(flags) or "none"
 
 
 def summaries(settings: Settings) -> list[NodeSummary]:
