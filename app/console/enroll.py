@@ -105,9 +105,11 @@ def enroll_submit():
 def _progress_context(enrollment_id: str) -> dict[str, object]:
     minted = enrollment.get(enrollment_id)
     agent_image = ImageSource.from_json(minted.agent_image)
+    answer = readiness.for_enrollment(minted, current_settings())
     return {
         "enrollment": minted,
-        "readiness": readiness.for_enrollment(minted, current_settings()),
+        "readiness": answer,
+        "token_dead": readiness.token_dead(answer),
         "recreate_command": recreate_command(agent_image),
         "start_command": start_command(agent_image),
         "worker_commands": [(image, worker_start_command(agent_image, image)) for image in WORKER_IMAGES],
