@@ -1,4 +1,12 @@
-"""ModelForge control plane: the Flask application factory."""
+"""ModelForge control plane: the Flask application factory.
+
+The modules at this level are the platform every part runs on, and nothing else: settings
+(`config`), the database (`db`, `extensions`), the processes (`gunicorn_conf`, `scheduler`,
+`instance`, `cli`), one error type and its app-wide handlers (`errors`, `web_errors`), time,
+secrets, the audit trail, the public API origin, the rules every entry point applies and release
+manifests. What the control plane does lives in packages: `nodes` (the node lifecycle), `jobs`,
+`acceptance`, `alerts` and `metrics`; `api` and `console` are its two faces, `models` its tables.
+"""
 
 from __future__ import annotations
 

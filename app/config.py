@@ -47,7 +47,7 @@ class Settings:
     telemetry_rollup_retention_seconds: int
     run_scheduler: bool
     # A2, P5: heartbeats and inventories sooner than half the interval after the node's last
-    # accepted one get 429 (app.rate_limits). Off until the test suite's in-process fixtures,
+    # accepted one get 429 (app.nodes.rate_limits). Off until the test suite's in-process fixtures,
     # which publish back to back, opt out of it; turned on in production and by its own tests.
     node_rate_limit: bool = True
     # O1: a second secret that reads GET /metrics only (Prometheus's bearer token); None: only the

@@ -16,7 +16,9 @@ checked the same way by the worker's start command.
     python deploy/release_manifest.py verify --manifest dist/manifest.json modelforge-node-agent
     python deploy/release_manifest.py verify --manifest dist/manifest.json modelforge-runtime-worker
 
-Standard library only, no Flask: it runs on a release host and on a node alike.
+Standard library only, no Flask: it runs on a release host and on a node alike. Its one import from
+the app, `app.rules`, is standard library too; deploy/app_modules.py imports both without the
+package's Flask factory, under the same names as here.
 """
 
 from __future__ import annotations
@@ -30,10 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__:
-    from app import rules
-else:  # loaded by path (deploy/app_modules.py), where Flask and so the `app` package may be missing
-    import modelforge_rules as rules
+from app import rules
 
 SCHEMA = "modelforge-release-manifest/1"
 NODE_AGENT = "modelforge-node-agent"

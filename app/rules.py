@@ -1,8 +1,9 @@
 """Rules stated once: what counts as text, a label, an agent image reference (P5, D2, C4).
 
 Standard library only and importing nothing from the app, so the deploy scripts that run on a
-node without Flask (`deploy/env_preflight.py`, `deploy/release_manifest.py`) load this file by
-path and apply the very same rules as the control plane's API, console and OpenAPI document.
+node without Flask (`deploy/env_preflight.py`, `deploy/release_manifest.py`) import it without the
+package's Flask factory (deploy/app_modules.py) and apply the very same rules as the control
+plane's API, console and OpenAPI document.
 """
 
 from __future__ import annotations

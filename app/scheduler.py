@@ -31,13 +31,13 @@ from apscheduler.triggers.interval import IntervalTrigger
 from flask import Flask
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import enrollment, liveness, retention
 from app.alerts import sweep as alerts
 from app.config import Settings, current_settings
 from app.db import insert_ignoring_duplicates
 from app.extensions import db
 from app.jobs import queue
 from app.models import SweepTick
+from app.nodes import enrollment, liveness, retention
 from app.timeutil import utcnow
 
 log = logging.getLogger("modelforge.scheduler")

@@ -27,9 +27,10 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app import create_app, liveness, retention  # noqa: E402
+from app import create_app  # noqa: E402
 from app.extensions import db  # noqa: E402
 from app.models import Gpu, Node, NodeLease, TelemetryRollup, TelemetrySample  # noqa: E402
+from app.nodes import liveness, retention  # noqa: E402
 from app.timeutil import utcnow  # noqa: E402
 from tests.support import app_env, migrate  # noqa: E402
 

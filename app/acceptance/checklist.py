@@ -543,7 +543,7 @@ def after_inventory(
 ) -> None:
     """V1 at each inventory (the caller commits): restart identity, the read-back, and a contradiction's verdict.
 
-    Called by app.publishing.record_inventory, never on the heartbeat's path.
+    Called by app.nodes.publishing.record_inventory, never on the heartbeat's path.
     """
     before_id, before_at = _agent_start(previous_facts)
     after_id, after_at = _agent_start(facts)
@@ -642,7 +642,7 @@ def lock_node(node_id: str) -> Node:
     """The node, locked until commit (PostgreSQL) and read afresh, so writes to its evidence queue up.
 
     Every path that records evidence or sets the flag takes this first (an inventory too:
-    app.publishing.record_inventory); populate_existing replaces a copy read earlier in the request.
+    app.nodes.publishing.record_inventory); populate_existing replaces a copy read earlier in the request.
     """
     node = db.session.scalar(
         sa.select(Node).where(Node.id == node_id).with_for_update().execution_options(populate_existing=True)

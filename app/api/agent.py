@@ -6,15 +6,15 @@ from typing import NamedTuple
 
 from flask import current_app
 
-from app import enrollment, publishing, rate_limits
 from app.api import bodies, bp, json_response, operations, replies
 from app.api.auth import NODE_SCHEME, bearer_credential
 from app.api.errors import ApiError, error_response
 from app.api.validation import invalid, json_object
-from app.compat import COMPATIBLE, compatibility
 from app.config import current_settings, normalize_origin
 from app.extensions import db
 from app.jobs import storage
+from app.nodes import enrollment, publishing, rate_limits
+from app.nodes.compat import COMPATIBLE, compatibility
 from app.timeutil import utcnow
 
 

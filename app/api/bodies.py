@@ -28,12 +28,13 @@ from pydantic import (
     field_validator,
 )
 
-from app import compat, rules
+from app import rules
 from app.acceptance.container import MAX_INSPECT_CHARS
 from app.api.validation import invalid
-from app.enrollment import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
 from app.jobs import queue, runtime
 from app.models.telemetry import METRICS
+from app.nodes import compat
+from app.nodes.enrollment import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
 from app.timeutil import parse_rfc3339, utcnow
 
 MAX_GPUS = 64

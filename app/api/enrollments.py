@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from flask import request
 
-from app import enrollment, readiness
 from app.api import bodies, json_response, operations, replies
 from app.api.auth import admin_required
 from app.api.validation import invalid, json_object
 from app.config import current_settings
 from app.models import EnrollmentState
+from app.nodes import enrollment, readiness
 from app.public_origin import current_api_origin
 
 

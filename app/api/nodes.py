@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from app import nodes, readiness
+from app import nodes
 from app.api import json_response, operations, replies
 from app.api.auth import admin_required
 from app.config import current_settings
+from app.nodes import readiness
 
 
 @operations.get("/hardware/nodes", "All nodes", replies={200: (replies.Nodes, "Nodes")}, errors=(401,))

@@ -18,10 +18,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, StringConstraints, WithJsonSchema
 from pydantic.json_schema import GenerateJsonSchema
 
-from app import acceptance, compat
+from app import acceptance
 from app.acceptance import checklist, uploads
 from app.jobs import queue
 from app.models import EnrollmentState, JobState
+from app.nodes import compat
 
 
 class ReplySchema(GenerateJsonSchema):

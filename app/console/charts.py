@@ -13,7 +13,7 @@ from datetime import datetime
 from markupsafe import Markup
 
 from app.console.formatting import human_bytes
-from app.telemetry_history import Series
+from app.nodes.telemetry_history import Series
 
 # A series with more points than this is reduced to the min and max of each pixel column.
 DECIMATE_ABOVE = 400

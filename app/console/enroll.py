@@ -9,7 +9,6 @@ wizard closes, readiness is checked, the token is revoked or the countdown reach
 
 from __future__ import annotations
 
-from app import enrollment, readiness
 from app.config import current_settings
 from app.console import bp, page_or_partial
 from app.console.auth import login_required
@@ -29,6 +28,7 @@ from app.console.forms import EnrollForm, parse_labels
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.models import EnrollmentState
+from app.nodes import enrollment, readiness
 from app.public_origin import current_api_origin
 from app.release_manifest import pasted_workers
 from app.timeutil import utcnow
@@ -105,9 +105,11 @@ def enroll_submit():
 def _progress_context(enrollment_id: str) -> dict[str, object]:
     minted = enrollment.get(enrollment_id)
     agent_image = ImageSource.from_json(minted.agent_image)
+    answer = readiness.for_enrollment(minted, current_settings())
     return {
         "enrollment": minted,
-        "readiness": readiness.for_enrollment(minted, current_settings()),
+        "readiness": answer,
+        "token_dead": readiness.token_dead(answer),
         "recreate_command": recreate_command(agent_image),
         "start_command": start_command(agent_image),
         "worker_commands": [(image, worker_start_command(agent_image, image)) for image in WORKER_IMAGES],

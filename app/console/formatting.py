@@ -1,10 +1,11 @@
-"""Jinja filters for the console: ages, sizes and times a person reads at a glance."""
+"""Jinja filters for the console: ages, sizes, times and node facts a person reads at a glance."""
 
 from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
 
+from app.nodes import NodeSummary
 from app.timeutil import parse_rfc3339
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -110,6 +111,32 @@ def seconds(value: object) -> str:
     return f"{number:.3f} s" if number < 10 else f"{number:.1f} s"
 
 
+def gpu_text(node: NodeSummary) -> str:
+    """A node's GPUs: '2 × NVIDIA RTX A6000', or '3 × A (2), B (1)' for a mixed node (C2)."""
+    if not node.gpu_models:
+        return "none reported"
+    if len(node.gpu_models) == 1:
+        return f"{node.gpu_count} × {next(iter(node.gpu_models))}"
+    mixed = ", ".join(f"{model} ({count})" for model, count in sorted(node.gpu_models.items()))
+    return f"{node.gpu_count} × {mixed}"
+
+
+def eligibility_text(node: NodeSummary) -> str:
+    """A node's eligibility flags in words; a disabled node is eligible for nothing (L4)."""
+    if node.disabled:
+        return "none (disabled)"
+    flags = [
+        name
+        for name, flag in (
+            ("production", node.production_eligible),
+            ("lab", node.lab_eligible),
+            ("benchmark", node.benchmark_eligible),
+        )
+        if flag
+    ]
+    return ", ".join(flags) or "none"
+
+
 FILTERS = {
     "mean_sd": mean_sd,
     "seconds": seconds,
@@ -120,4 +147,6 @@ FILTERS = {
     "human_rate": human_rate,
     "eta": eta,
     "short_commit": short_commit,
+    "gpu_text": gpu_text,
+    "eligibility_text": eligibility_text,
 }

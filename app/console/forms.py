@@ -23,9 +23,9 @@ from wtforms.validators import DataRequired, InputRequired, Length, NumberRange,
 
 from app import rules
 from app.console.commands import LOCAL_BUILD, ImageSource, env_value_error, pinned_image, release_image
-from app.enrollment import MAX_EXPIRY_SECONDS
 from app.jobs import runtime, storage
 from app.models import Artifact, StorageRoot
+from app.nodes.enrollment import MAX_EXPIRY_SECONDS
 from app.release_manifest import MAX_PASTE_BYTES, parse_pasted
 
 # C4: the wizard offers exactly these token lifetimes.

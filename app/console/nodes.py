@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from flask import abort, current_app, redirect, render_template, request, url_for
 
-from app import acceptance, audit, nodes, readiness, telemetry_history
+from app import acceptance, audit, nodes
 from app.config import current_settings
 from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.acceptance import node_acceptance_context
@@ -20,6 +20,7 @@ from app.errors import DomainError
 from app.extensions import db
 from app.models import NodeLease
 from app.models.telemetry import METRICS
+from app.nodes import readiness, telemetry_history
 from app.timeutil import utcnow
 
 TIMELINE_LENGTH = 25

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from app import audit, liveness
+from app import audit
 from app.config import Settings
 from app.errors import DomainError
 from app.extensions import db
@@ -22,6 +22,7 @@ from app.jobs import artifacts, runtime, storage
 from app.models import Artifact, Job, JobState, NodeLease
 from app.models.jobs import TERMINAL_STATES
 from app.nodes import get as get_node
+from app.nodes import liveness
 from app.timeutil import isoformat, utcnow
 
 ACQUIRE = "artifact.acquire.v1"

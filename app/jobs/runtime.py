@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from app.compat import COMPATIBLE
 from app.extensions import db
 from app.models import Job, JobState
+from app.nodes.compat import COMPATIBLE
 from app.timeutil import isoformat
 
 BENCHMARK = "runtime.benchmark.v1"

@@ -25,11 +25,10 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
-from app import liveness
 from app.config import Settings
 from app.extensions import db
 from app.models import Gpu, Job, Node, NodeLease, SweepTick, TelemetrySample
-from app.nodes import printable
+from app.nodes import liveness, printable
 
 STATUSES = (liveness.ONLINE, liveness.STALE, liveness.OFFLINE, liveness.PENDING)
 MAX_LABEL_LENGTH = 200

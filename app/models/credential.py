@@ -39,7 +39,7 @@ class Credential(db.Model):
     revoked_reason: Mapped[str | None] = mapped_column(sa.String(32))
     # The enrolment whose claim issued it; None for a rotated credential (I5), never reissued.
     enrollment_id: Mapped[str | None] = mapped_column(sa.ForeignKey("enrollments.id", ondelete="SET NULL"))
-    # Set once, by the first authenticated agent call (app.publishing.authenticate), never again.
+    # Set once, by the first authenticated agent call (app.nodes.publishing.authenticate), never again.
     first_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     @property

@@ -3,7 +3,7 @@
 Raw samples are the bulk of the database, so they are kept narrow: an integer GPU key and
 epoch milliseconds, clustered on (gpu_id, sampled_at) — on SQLite a WITHOUT ROWID table, so
 the primary key is the table and no second copy of it exists. Retention folds samples older
-than the raw window into 5-minute rollups (app/retention.py).
+than the raw window into 5-minute rollups (app/nodes/retention.py).
 """
 
 from __future__ import annotations

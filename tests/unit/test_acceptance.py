@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from app import acceptance, liveness
+from app import acceptance
 from app.acceptance import uploads
 from app.config import current_settings
 from app.extensions import db
 from app.jobs import runtime
 from app.models import AcceptanceEvidence, AcceptanceScreenshot, AuditEvent, Job, Node
+from app.nodes import liveness
 from app.timeutil import utcnow
 from tests.support import ADMIN, SECRET_PATTERN, factories
 

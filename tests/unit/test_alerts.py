@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from app import audit, create_app, liveness
+from app import audit, create_app
 from app.alerts import deliveries, messages, sender
 from app.alerts import sweep as alerts
 from app.alerts import targets as alert_targets
@@ -22,6 +22,7 @@ from app.alerts.targets import split_urls, targets_for
 from app.config import ConfigError, current_settings, load_settings
 from app.extensions import db
 from app.models import AlertDelivery, AlertDeliveryState, AuditEvent
+from app.nodes import liveness
 from app.timeutil import utcnow
 from tests.support import ACQUIRE, ADMIN, OPERATOR_KEY, app_env, factories
 from tests.support.alerts import HOOK_SECRET

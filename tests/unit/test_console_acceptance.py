@@ -25,11 +25,11 @@ import sqlalchemy as sa
 from werkzeug.datastructures import FileStorage
 from werkzeug.test import encode_multipart
 
-from app import liveness
 from app.acceptance import ITEMS, MAX_SCREENSHOT_BYTES
 from app.config import current_settings
 from app.extensions import db
 from app.models import AcceptanceEvidence, AcceptanceScreenshot, AuditEvent, Node, NodeLease
+from app.nodes import liveness
 from tests.support import ADMIN, assert_no_secrets, factories
 from tests.support.acceptance import ENV_SECRET, GPU_UUID, SMI_OUTPUT, inspect_text, png, publish, smoke_test
 from tests.support.console import HTMX, htmx_post

@@ -9,7 +9,7 @@ import pytest
 from markupsafe import Markup
 
 from app.console.charts import DECIMATE_ABOVE, NO_SAMPLES, format_value, line_chart
-from app.telemetry_history import Series
+from app.nodes.telemetry_history import Series
 
 SVG = "{http://www.w3.org/2000/svg}"
 START = datetime(2026, 3, 10, 11, 0, tzinfo=UTC)

@@ -9,9 +9,9 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from app import enrollment
 from app.extensions import db
 from app.models import AuditEvent, Credential, Enrollment, Node
+from app.nodes import enrollment
 from tests.support import ADMIN, factories
 
 ENROLLMENTS = "/api/v1/admin/node-enrollments"

@@ -12,12 +12,13 @@ import logging
 import pytest
 import sqlalchemy as sa
 
-from app import audit, publishing
+from app import audit
 from app.api import bodies
 from app.api.validation import MAX_JSON_DEPTH
 from app.console.forms import parse_labels
 from app.extensions import db
 from app.models import AuditEvent, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
+from app.nodes import publishing
 from app.timeutil import utcnow
 from tests.support import ADMIN, factories
 from tests.support.bodies import RAW_INVENTORIES, new_uuid, strict_json

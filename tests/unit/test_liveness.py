@@ -7,10 +7,11 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from app import liveness, readiness, retention, scheduler
+from app import scheduler
 from app.config import ConfigError, load_settings
 from app.extensions import db
 from app.models import AuditEvent, Gpu, NodeLease, TelemetryRollup, TelemetrySample
+from app.nodes import liveness, readiness, retention
 from app.timeutil import utcnow
 from tests.support import ADMIN, OPERATOR_KEY, factories
 from tests.support.nodes import online_node

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from app.extensions import db
 from app.models import Gpu, Node, TelemetryRollup, TelemetrySample
 from app.models.telemetry import METRICS
-from app.telemetry_history import Series, history
+from app.nodes.telemetry_history import Series, history
 
 NOW = datetime(2026, 3, 10, 12, 2, 30, tzinfo=UTC)
 HOUR = timedelta(hours=1)

@@ -39,7 +39,7 @@ def upgrade():
     if op.get_bind().dialect.name == 'sqlite':
         now = now.replace(tzinfo=None)  # SQLite keeps naive UTC (app.timeutil.UTCDateTime)
     eligible = nodes.c.production_eligible == sa.true()
-    # The audit rows first, from the same condition the UPDATE then clears (app/liveness.py's pattern).
+    # The audit rows first, from the same condition the UPDATE then clears (app/nodes/liveness.py's pattern).
     events = sa.select(
         sa.literal(now, sa.DateTime(timezone=True)),
         sa.literal('system'),

@@ -10,9 +10,8 @@ from datetime import datetime, timedelta
 
 import sqlalchemy as sa
 
-from app import audit, rate_limits, tokens
+from app import audit, tokens
 from app.acceptance import checklist as acceptance
-from app.compat import RUNTIME_WORKER, answer_for
 from app.db import begin_read_only, insert_ignoring_duplicates
 from app.errors import DomainError
 from app.extensions import db
@@ -28,6 +27,8 @@ from app.models import (
     TelemetrySample,
 )
 from app.models.telemetry import METRICS
+from app.nodes import rate_limits
+from app.nodes.compat import RUNTIME_WORKER, answer_for
 from app.timeutil import isoformat, utcnow
 
 logger = logging.getLogger("modelforge.publishing")
@@ -58,7 +59,7 @@ _AUTHENTICATE = (
     .where(_credentials.c.token_hash == sa.bindparam("digest"))
 )
 # A credential's first use, once in its life: after it, a retried enrol claim can no longer
-# replace this credential (app.enrollment._reissue revokes only one whose first_used_at is NULL,
+# replace this credential (app.nodes.enrollment._reissue revokes only one whose first_used_at is NULL,
 # with a conditional UPDATE on the same row, so of the two exactly one wins).
 _MARK_FIRST_USE = (
     _credentials.update()
@@ -78,7 +79,7 @@ _NOTE_VERSIONS = (
 _BEAT_COLUMNS = (*_VERSION_COLUMNS, "last_heartbeat_at", "health_status", "health_detail")
 # The common case: the node is online and stays so. The status condition is re-checked under
 # the row lock, so a sweep that marked the node stale first makes this match nothing (L2).
-# The rate condition (app.rate_limits) rides on the same UPDATE: a beat too soon after the last
+# The rate condition (app.nodes.rate_limits) rides on the same UPDATE: a beat too soon after the last
 # accepted one matches nothing either, and only then is the reason read.
 # It returns what the reply needs (J1, J2), so the common case reads nothing else from the lease.
 _HEARTBEAT_WHILE_ONLINE = (
@@ -258,7 +259,7 @@ def record_heartbeat(
 
     Only a node that was not online (first heartbeat, or back from stale/offline) takes the
     slow path: lock the lease, read what it was, bring it online and audit the transition. A beat
-    sooner than app.rate_limits allows takes it too, and is refused there with 429 (A2, P5).
+    sooner than app.nodes.rate_limits allows takes it too, and is refused there with 429 (A2, P5).
     """
     now = utcnow()
     connection = db.session.connection()
@@ -282,7 +283,7 @@ def record_heartbeat(
         previous, last_beat = (None, None) if locked is None else locked
         if previous == "online" and last_beat is not None and last_beat > beat["accept_before"]:
             # Too soon, unless an inventory was accepted since: an agent (re)starting publishes
-            # inventory then heartbeat, and its first beat is let through (app.rate_limits).
+            # inventory then heartbeat, and its first beat is let through (app.nodes.rate_limits).
             if not rate_limits.inventory_since(connection, publisher.node_id, last_beat):
                 raise rate_limits.refusal("heartbeat", last_beat, now)  # rolled back: nothing stored
         lease = connection.execute(_HEARTBEAT_BRINGING_ONLINE, beat).first()

@@ -1,4 +1,10 @@
-"""Reading nodes back, and the operator's actions on them (I5, I6, L1)."""
+"""The node lifecycle; this module reads nodes back and holds the operator's actions on them (I5, I6, L1).
+
+The stages of a node's life are the modules beside it: `enrollment` (E1–E5), `publishing` and
+`rate_limits` (A2, N4, L2), `compat` for the protocols its agent and worker speak (A1, W1),
+`liveness` (L1–L4), `readiness` (R1), then what is kept of what it published, `retention` and
+`telemetry_history` (N4, C3). No HTTP here: the API and the console call these modules.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +16,14 @@ from itertools import islice
 
 import sqlalchemy as sa
 
-from app import audit, liveness, tokens
-from app.compat import compatibility, worker_compatibility
+from app import audit, tokens
 from app.config import Settings
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Credential, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
 from app.models.telemetry import sample_dict
+from app.nodes import liveness
+from app.nodes.compat import compatibility, worker_compatibility
 from app.timeutil import isoformat, utcnow
 
 
@@ -202,7 +209,7 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
 
 @dataclass(frozen=True)
 class NodeSummary:
-    """One row of the console's node list (C2)."""
+    """One row of the console's node list (C2); the console puts it in words (app/console/formatting.py)."""
 
     id: str
     display_name: str
@@ -224,32 +231,6 @@ class NodeSummary:
     def gpu_count(self) -> int:
         """How many present GPUs the node reported."""
         return sum(self.gpu_models.values())
-
-    @property
-    def gpu_text(self) -> str:
-        """'2 × NVIDIA RTX A6000', or '3 × A (2), B (1)' for a mixed node."""
-        if not self.gpu_models:
-            return "none reported"
-        if len(self.gpu_models) == 1:
-            return f"{self.gpu_count} × {next(iter(self.gpu_models))}"
-        mixed = ", ".join(f"{model} ({count})" for model, count in sorted(self.gpu_models.items()))
-        return f"{self.gpu_count} × {mixed}"
-
-    @property
-    def eligibility_text(self) -> str:
-        """The eligibility flags in words; a disabled node is eligible for nothing (L4)."""
-        if self.disabled:
-            return "none (disabled)"
-        flags = [
-            name
-            for name, flag in (
-                ("production", self.production_eligible),
-                ("lab", self.lab_eligible),
-                ("benchmark", self.benchmark_eligible),
-            )
-            if flag
-        ]
-        return ", ".join(flags) or "none"
 
 
 def summaries(settings: Settings) -> list[NodeSummary]:

@@ -11,11 +11,11 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from app import liveness
-from app.compat import COMPATIBLE, compatibility
 from app.config import Settings
 from app.extensions import db
 from app.models import Enrollment, EnrollmentState, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
+from app.nodes import liveness
+from app.nodes.compat import COMPATIBLE, compatibility
 from app.timeutil import isoformat, utcnow
 
 PASS, PENDING, FAIL = "pass", "pending", "fail"
@@ -181,3 +181,13 @@ def for_enrollment(enrollment: Enrollment, settings: Settings) -> dict[str, obje
         "checked_at": isoformat(now),
         "checks": [asdict(check)],
     }
+
+
+def token_dead(readiness: dict[str, object]) -> bool:
+    """R2: whether a `for_enrollment` answer says no node used the token and none ever can.
+
+    That is its one connection check failing before any node used the token (expired or revoked):
+    nothing the wizard waits for can happen any more, so it stops polling.
+    """
+    checks = readiness["checks"]
+    return readiness["node_id"] is None and bool(checks) and checks[0]["status"] == FAIL

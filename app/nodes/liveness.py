@@ -7,10 +7,10 @@ from datetime import datetime, timedelta
 import sqlalchemy as sa
 
 from app import audit
-from app.compat import COMPATIBLE
 from app.config import Settings
 from app.extensions import db
 from app.models import AuditEvent, Node, NodeLease
+from app.nodes.compat import COMPATIBLE
 from app.timeutil import UTCDateTime, isoformat, utcnow
 
 ONLINE, STALE, OFFLINE, PENDING = "online", "stale", "offline", "pending"

@@ -5,7 +5,7 @@ samples, is a None point, a gap for the chart, never a zero and never an interpo
 
 Raw samples come back as they are (the last hour). With a bucket (the last day, 5 minutes),
 raw samples are averaged per bucket in SQL and merged with the retention rollups
-(app/retention.py), whose sums and counts combine with the raw ones exactly. Either way the
+(app/nodes/retention.py), whose sums and counts combine with the raw ones exactly. Either way the
 number of queries is fixed however many GPUs the node has.
 """
 
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from app.extensions import db
 from app.models import Gpu, TelemetryRollup, TelemetrySample
 from app.models.telemetry import METRICS
-from app.retention import BUCKET_MS, ROLLUP_PREFIXES, epoch_ms
+from app.nodes.retention import BUCKET_MS, ROLLUP_PREFIXES, epoch_ms
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 Point = tuple[datetime, float | None]

@@ -334,7 +334,7 @@ def _reissue(request: Claim, token_hash: str, now: datetime) -> ClaimResult | No
     retries at once only one revokes the unused credential (on PostgreSQL the other waits on the
     row, re-checks it and matches nothing; SQLite runs them one after the other, so the second
     replaces the first's still-unused credential). The first authenticated call sets
-    first_used_at under the same row lock (app.publishing.authenticate), so a retry after the
+    first_used_at under the same row lock (app.nodes.publishing.authenticate), so a retry after the
     credential was used matches nothing either. Revoke first, then insert, in one transaction:
     the one-active-credential index holds throughout.
     """
