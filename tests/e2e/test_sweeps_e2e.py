@@ -27,6 +27,10 @@ def audit(server, **params):
     return response.json()["audit_events"]
 
 
+# FAST_LIVENESS with five seconds between stale (2 s) and offline (7 s): a sweep that a loaded box
+# runs up to five seconds late still sees each silent node stale before offline. (A sweep later than
+# that moves it straight to offline, as it should; then no node.stale row exists to count.)
+SWEEP_LIVENESS = {**FAST_LIVENESS, "MODELFORGE_NODE_OFFLINE_AFTER_SECONDS": "7"}
 # Liveness runs on one-second sweeps here; on a loaded two-core box (the suite in parallel) a
 # transition can take several sweeps to show, so the waits are generous: 30 s for what takes 2-4 s.
 TRANSITION_TIMEOUT = 30.0
@@ -47,7 +51,7 @@ def node(server, node_id):
 
 @pytest.fixture
 def fast_server(sqlite_template, tmp_path):
-    with gunicorn_on_sqlite_copy(sqlite_template, tmp_path / "fast.sqlite3", workers=4, **FAST_LIVENESS) as running:
+    with gunicorn_on_sqlite_copy(sqlite_template, tmp_path / "fast.sqlite3", workers=4, **SWEEP_LIVENESS) as running:
         yield running
 
 
@@ -111,6 +115,12 @@ def liveness_runs(database_url):
 
 
 def assert_transitions_once(server, node_ids):
+    wait_until(
+        lambda: {event["node_id"] for event in audit(server, action="node.offline", limit=1000)} >= set(node_ids),
+        "every silent node offline",
+        timeout=TRANSITION_TIMEOUT,
+        interval=0.2,
+    )
     counts = Counter((event["node_id"], event["action"]) for event in audit(server, limit=1000))
     for node_id in node_ids:
         assert counts[(node_id, "node.stale")] == 1, counts
@@ -146,8 +156,8 @@ def test_two_control_planes_on_one_postgresql_sweep_each_tick_once(postgres_data
     from tests.support import truncate_all
 
     truncate_all(postgres_database)
-    first = GunicornServer(postgres_database, tmp_path / "a", workers=2, **FAST_LIVENESS)
-    second = GunicornServer(postgres_database, tmp_path / "b", workers=2, **FAST_LIVENESS)
+    first = GunicornServer(postgres_database, tmp_path / "a", workers=2, **SWEEP_LIVENESS)
+    second = GunicornServer(postgres_database, tmp_path / "b", workers=2, **SWEEP_LIVENESS)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first.start()
