@@ -51,7 +51,7 @@ PYTEST_WORKERS ?= 4
 test: $(TEST_INSTALLED)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
-## The inner loop: the unit tier on SQLite only, less its `slow` property tests (about a minute). Run it after each change;
+## The inner loop: the unit tier on SQLite only, less its `slow` property tests (about 80 s here). Run it after each change;
 ## run `make test` before a commit lands (docs/testing.md says which tier a test goes in).
 test-fast: $(TEST_INSTALLED)
 	$(BIN)/python -m pytest tests/unit --sqlite-only -m 'not slow' -n $(PYTEST_FAST_WORKERS) $(PYTEST_ARGS)
