@@ -119,6 +119,7 @@ def stop_process(process: subprocess.Popen | None, sig: int = signal.SIGTERM, ti
 
 
 def file_modes(path) -> dict[str, str]:
+    """The permission bits of a SQLite file and of its -wal and -shm companions, where they exist."""
     return {
         suffix: oct(stat.S_IMODE(os.stat(f"{path}{suffix}").st_mode))
         for suffix in ("", "-wal", "-shm")
