@@ -18,18 +18,22 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
+import threading
+import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
-import httpx2  # huggingface_hub's own HTTP library
 import huggingface_hub
 import requests
+import requests.adapters
 import urllib3
-from huggingface_hub import errors as hub_errors
+import urllib3.connection
 from huggingface_hub import utils as hub_utils
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 
@@ -77,6 +81,23 @@ SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 MAX_REDIRECTS = 10
 TOKEN_HINT = "set MODELFORGE_HF_TOKEN to a token that has access"
 CONNECT_TIMEOUT_SECONDS = 10.0
+
+# J2, J3: what a slow, broken or hostile Hub can make an attempt do, and no more. Each API call
+# (the revision lookup, or the whole tree listing with its pages and retries) ends by
+# HubSettings.deadline_seconds (MODELFORGE_AGENT_HUB_DEADLINE_SECONDS; the core's
+# HUB_DEADLINE_SECONDS by default); a Retry-After is slept for at most
+# HUB_RETRY_AFTER_MAX_SECONDS and never past that deadline; a listing of more pages or entries
+# than below is refused (HUB_TREE_INVALID, not retried), so memory stays bounded; and a cancel
+# (or a lost lease) cuts any wait or read, file bytes included, within GUARD_POLL_SECONDS of the
+# progress reporter hearing of it (HubGuard).
+HUB_RETRY_AFTER_MAX_SECONDS = 60.0
+HUB_API_RETRIES = 4  # a tree page that timed out or got 408/429/5xx is asked again at most this often
+HUB_RETRY_BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0)  # between those, when the Hub names no Retry-After
+MAX_TREE_PAGES = 1000  # the Hub pages at 1000 entries
+MAX_TREE_ENTRIES = 100_000  # files and folders of one listing, before the patterns filter it
+MAX_API_ANSWER_BYTES = 16 << 20  # one API answer (the revision's info or a tree page), decoded
+API_READ_BYTES = 64 << 10
+GUARD_POLL_SECONDS = 0.1
 
 
 @dataclass(frozen=True)
@@ -201,6 +222,20 @@ def remote_file(entry) -> RemoteFile:
     return RemoteFile(path, size, "git-sha1", blob_id)
 
 
+def tree_page_files(page: list[object], what: str) -> list[RemoteFile]:
+    """The files of one tree page, every entry checked (folders too: never created from the
+    listing, but a hostile one is refused)."""
+    try:
+        entries = [RepoFile(**item) if item["type"] == "file" else RepoFolder(**item) for item in page]
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        message = f"{what}: an entry lacks a field huggingface_hub needs ({type(error).__name__})"
+        raise JobFailure(HUB_TREE_INVALID, message, retryable=False) from None
+    for entry in entries:
+        if not isinstance(entry, RepoFile):
+            safe_repo_path(entry.path)
+    return [remote_file(entry) for entry in entries if isinstance(entry, RepoFile)]
+
+
 def refuse_conflicts(files: list[RemoteFile]) -> None:
     """Two entries for one path, or a file where another needs a directory, is a hostile tree."""
     paths = [remote.path for remote in files]
@@ -218,8 +253,17 @@ def refuse_conflicts(files: list[RemoteFile]) -> None:
 def origin_of(url: str) -> tuple[str, str, int | None]:
     """Scheme, host and port: the token goes only where these equal the Hub endpoint's."""
     parts = urlsplit(url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    return parts.scheme, (parts.hostname or "").lower(), port
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # not a port: no origin of ours
+        port = -1
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+def shown_origin(url: str) -> str:
+    """`scheme://host:port` of a URL for an error: never its user, path or query."""
+    scheme, host, port = origin_of(url)
+    return f"{scheme}://{host}:{port}"
 
 
 def describe_url(method: str, url: str) -> str:
@@ -228,51 +272,268 @@ def describe_url(method: str, url: str) -> str:
     return f"{method} {parts.hostname}{parts.path}"
 
 
-# What a Hub API call may raise: the library's HTTP errors, its transport's, and what a malformed
-# answer makes it (or us) raise; api_failure() makes each one of our codes.
-HUB_API_ERRORS = (hub_errors.HfHubHTTPError, httpx2.HTTPError, OSError, ValueError, KeyError, TypeError)
-# What reading a file's bytes may raise when the connection breaks; and which of those are a stall.
-BODY_ERRORS = (urllib3.exceptions.HTTPError, requests.exceptions.RequestException)
+# What reading from the Hub may raise when the connection breaks, stalls or is cut by the guard;
+# and which of those are a stall.
+BODY_ERRORS = (urllib3.exceptions.HTTPError, requests.exceptions.RequestException, OSError)
 STALL_ERRORS = (requests.exceptions.Timeout, urllib3.exceptions.ReadTimeoutError)
 
 
+def retry_after(response) -> float | None:
+    """An answer's Retry-After in seconds (infinite for an absurdly long number), or None when
+    absent or not a number of seconds (then the agent's own backoff applies)."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not re.fullmatch(r"[0-9]+", value):
+        return None
+    return float(value) if len(value) <= 12 else float("inf")
+
+
+class HubGuard:
+    """Cuts the Hub client's connections when the job must stop (cancel, lost lease, agent
+    stopping: the JobControl the progress reporter sets) or the API call under way passes its
+    deadline. A read blocked on a silent or dripping Hub then ends at once instead of after the
+    stall limit, so a cancel lands within one progress interval (J2). One daemon thread per
+    client, looking every GUARD_POLL_SECONDS, until close()."""
+
+    def __init__(self, control: JobControl) -> None:
+        self.control = control
+        self.deadline: float | None = None  # time.monotonic() by which the API call under way ends
+        self._sockets: weakref.WeakSet = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, name="hub-guard", daemon=True).start()
+
+    def track(self, sock: socket.socket) -> None:
+        """A connection's socket, once connected; cut at once if the job already must stop."""
+        with self._lock:
+            self._sockets.add(sock)
+        if self.control.stopped.is_set():
+            self.cut()
+
+    def start_call(self, seconds: float) -> float:
+        """An API call begins: its deadline (time.monotonic()), enforced until end_call()."""
+        self.deadline = time.monotonic() + seconds
+        return self.deadline
+
+    def end_call(self) -> None:
+        self.deadline = None
+
+    def cut(self) -> None:
+        """Shut every socket down: a read blocked on it returns, the connection is not reused."""
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(GUARD_POLL_SECONDS):
+            if self.control.stopped.is_set():
+                self.cut()
+                return  # track() cuts any later socket itself
+            deadline = self.deadline
+            if deadline is not None and time.monotonic() >= deadline:
+                self.cut()
+
+
+class _GuardedConnection:
+    """Mixed into urllib3's connections: the socket goes to the HubGuard once connected."""
+
+    def __init__(self, *args, modelforge_guard: HubGuard, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.modelforge_guard = modelforge_guard
+
+    def connect(self) -> None:
+        super().connect()
+        self.modelforge_guard.track(self.sock)
+
+
+class _GuardedHTTPConnection(_GuardedConnection, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _GuardedHTTPSConnection(_GuardedConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _GuardedAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter whose connection pools (direct or through a proxy) make guarded connections."""
+
+    def __init__(self, guard: HubGuard) -> None:
+        self.guard = guard
+        super().__init__()
+
+    def guarded(self, pool):
+        """The pool, its connections from now on guarded ones."""
+        if pool.conn_kw.get("modelforge_guard") is not self.guard:
+            https = isinstance(pool, urllib3.HTTPSConnectionPool)
+            pool.ConnectionCls = _GuardedHTTPSConnection if https else _GuardedHTTPConnection
+            pool.conn_kw["modelforge_guard"] = self.guard
+        return pool
+
+    def get_connection_with_tls_context(self, *args, **kwargs):  # requests >= 2.32.2
+        return self.guarded(super().get_connection_with_tls_context(*args, **kwargs))
+
+    def get_connection(self, *args, **kwargs):  # requests 2.31
+        return self.guarded(super().get_connection(*args, **kwargs))
+
+
 class HubClient:
-    """The Hugging Face Hub: huggingface_hub resolves the revision, lists the tree, filters it and
-    builds URLs and headers; the bytes come through requests so they are hashed as they are
-    written and resumed with Range (J3).
+    """The Hugging Face Hub over requests (J3): the revision lookup, the tree listing and the
+    files' bytes, so each file is hashed as it is written and resumed with Range. huggingface_hub
+    only builds the headers and URLs, reads the tree entries and filters them.
 
-    Every Hub call carries the stall limit itself: huggingface_hub's shared client waits forever
-    by default, and it is the whole process's, so it is left as it is rather than reconfigured."""
+    Every call is bounded (J2): a read waits at most the stall limit, an API call (the revision
+    lookup, or the whole listing) ends by the deadline, and the guard cuts any of them when the
+    job must stop. The token goes only to the Hub endpoint's own origin: redirects are followed by
+    hand, and an API answer or tree page from another origin is refused before anything is sent."""
 
-    def __init__(self, hub: HubSettings) -> None:
+    def __init__(self, hub: HubSettings, control: JobControl | None = None) -> None:
         self.hub = hub
-        # Our log lines name each failure (A3 style); the library's own retry chatter would not.
-        hub_utils.logging.set_verbosity_error()
-        self.api = huggingface_hub.HfApi(
-            endpoint=hub.endpoint,
+        self.control = control or JobControl()
+        self.headers = hub_utils.build_hf_headers(
             token=hub.token or False,  # False: never a token from ~/.cache or HF_TOKEN, only ours
             library_name="modelforge-node-agent",
             library_version=AGENT_VERSION,
         )
-        self.headers = hub_utils.build_hf_headers(
-            token=hub.token or False, library_name="modelforge-node-agent", library_version=AGENT_VERSION
-        )
         self.origin = origin_of(hub.endpoint)
+        self.guard = HubGuard(self.control)
         self.session = requests.Session()
+        adapter = _GuardedAdapter(self.guard)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
 
     def close(self) -> None:
-        """Release the byte session's connections."""
+        """Stop the guard and release the session's connections."""
+        self.guard.close()
         self.session.close()
 
-    def api_failure(self, error: Exception, what: str) -> JobFailure:
-        """A huggingface_hub or transport error as one of our codes (J2 classes), without the token."""
-        status = getattr(getattr(error, "response", None), "status_code", None)
-        if isinstance(error, hub_errors.GatedRepoError):
+    def open(self, url: str, *, params=None, headers=None, read_timeout: float, foreign=None):
+        """GET `url` (streamed), following redirects by hand so the token goes only to the Hub
+        endpoint's own origin (J3). `foreign(url)` is the failure for a URL off that origin when
+        the answer must be the Hub's own (the API); without it, one is fetched without the token
+        (a file's LFS CDN)."""
+        headers = dict(self.headers if headers is None else headers)
+        token = {name: value for name, value in headers.items() if name.lower() == "authorization"}
+        plain = {name: value for name, value in headers.items() if name.lower() != "authorization"}
+        for _ in range(MAX_REDIRECTS):
+            own = origin_of(url) == self.origin
+            if not own and foreign is not None:
+                raise foreign(url)
+            response = self.session.get(
+                url,
+                params=params,
+                headers={**plain, **(token if own else {})},
+                stream=True,
+                allow_redirects=False,
+                timeout=(CONNECT_TIMEOUT_SECONDS, read_timeout),
+            )
+            location = response.headers.get("Location")
+            if response.status_code not in (301, 302, 303, 307, 308) or not location:
+                return response
+            response.close()
+            url, params = urljoin(response.url, location), None
+        message = f"more than {MAX_REDIRECTS} redirects for {describe_url('GET', url)}"
+        raise JobFailure(HUB_UNAVAILABLE, message, retryable=True)
+
+    def api_get(
+        self,
+        url: str,
+        what: str,
+        *,
+        deadline: float,
+        retries: int,
+        invalid: Callable[[str], JobFailure],
+        params: dict[str, str] | None = None,
+    ) -> tuple[requests.Response, bytes]:
+        """One Hub API answer (200) and its body, before `deadline` (time.monotonic()).
+
+        A 408, 429 or 5xx answer and a broken or stalled read are asked again up to `retries`
+        times, after what Retry-After says (at most HUB_RETRY_AFTER_MAX_SECONDS) or the backoff,
+        and never past the deadline; the job's cancel is checked before each request and wait.
+        `invalid(message)` is the failure for an answer that is not the Hub's (another origin,
+        too large)."""
+        tries = 0
+        while True:
+            self.control.check()
+            wanted: float | None = None
+            try:
+                response, body = self._api_answer(url, what, params, deadline, invalid)
+            except BODY_ERRORS as error:
+                self.control.check()  # a cut connection is the job stopping, when it is
+                failure = self.transport_failure(error, what, deadline)
+            else:
+                if response.status_code == 200:
+                    return response, body
+                failure, wanted = self.refusal(response, what), retry_after(response)
+            if not failure.retryable or tries >= retries or time.monotonic() >= deadline:
+                raise failure
+            wait = HUB_RETRY_BACKOFF_SECONDS[min(tries, len(HUB_RETRY_BACKOFF_SECONDS) - 1)]
+            said = ""
+            if wanted is not None:
+                wait = min(wanted, HUB_RETRY_AFTER_MAX_SECONDS)
+                said = f"; the Hub asked to wait {wanted:g}s (Retry-After)"
+            left = deadline - time.monotonic()
+            if wait >= left:
+                limit = self.hub.deadline_seconds
+                message = f"{failure.message}{said}, more than the {limit:g}s deadline leaves ({left:.1f}s)"
+                raise JobFailure(failure.code, message, retryable=True)
+            tries += 1
+            log.warning("%s%s; waiting %gs, then asking again (%d of %d)", failure.message, said, wait, tries, retries)
+            self.control.wait(wait)
+
+    def _api_answer(self, url, what, params, deadline, invalid) -> tuple[requests.Response, bytes]:
+        """GET one answer; the body of a 200, read to at most MAX_API_ANSWER_BYTES."""
+        read_timeout = max(0.05, min(self.hub.stall_seconds, deadline - time.monotonic()))
+
+        def foreign(where: str) -> JobFailure:
+            return invalid(f"{what}: the Hub redirected to {shown_origin(where)}, another origin; refused")
+
+        response = self.open(url, params=params, read_timeout=read_timeout, foreign=foreign)
+        with response:
+            if response.status_code != 200:
+                return response, b""
+            length = response.headers.get("Content-Length", "").strip()
+            if length.isdigit() and (len(length) > 12 or int(length) > MAX_API_ANSWER_BYTES):
+                raise invalid(f"{what}: the Hub's answer is larger than {MAX_API_ANSWER_BYTES} bytes")
+            body = bytearray()
+            read = getattr(response.raw, "read1", None) or response.raw.read
+            while chunk := read(API_READ_BYTES, decode_content=True):
+                body += chunk
+                if len(body) > MAX_API_ANSWER_BYTES:
+                    raise invalid(f"{what}: the Hub's answer is larger than {MAX_API_ANSWER_BYTES} bytes")
+        # A body that merely ended (no length to check it by) when the guard cut it is no answer.
+        self.control.check()
+        if time.monotonic() >= deadline:
+            raise requests.exceptions.ConnectionError("cut at the deadline")
+        return response, bytes(body)
+
+    def transport_failure(self, error: Exception, what: str, deadline: float) -> JobFailure:
+        """A broken, stalled or cut API request as HUB_UNAVAILABLE (retryable), saying which."""
+        if time.monotonic() >= deadline - 0.05:
+            message = f"{what}: took longer than {self.hub.deadline_seconds:g}s (MODELFORGE_AGENT_HUB_DEADLINE_SECONDS)"
+        elif self.is_stall(error):
+            message = f"{what}: the Hub did not answer within {self.hub.stall_seconds:g}s"
+        else:
+            message = f"{what}: {type(error).__name__}"
+        return JobFailure(HUB_UNAVAILABLE, message, retryable=True)
+
+    def refusal(self, response: requests.Response, what: str) -> JobFailure:
+        """A Hub API error answer as one of our codes (J2 classes), told apart by X-Error-Code as
+        huggingface_hub does; never with the token."""
+        status = response.status_code
+        code = response.headers.get("X-Error-Code")
+        if code == "GatedRepo":
             message = f"{what}: the repository is gated (HTTP {status}); {TOKEN_HINT}"
             return JobFailure(HUB_AUTH_REQUIRED, message, retryable=False)
-        if isinstance(error, hub_errors.RevisionNotFoundError):
+        if code == "RevisionNotFound":
             return JobFailure(HUB_REVISION_NOT_FOUND, f"{what}: no such revision (HTTP {status})", retryable=False)
-        if isinstance(error, hub_errors.RepositoryNotFoundError | hub_errors.DisabledRepoError) or status == 404:
+        disabled = response.headers.get("X-Error-Message") == "Access to this resource is disabled."
+        if code == "RepoNotFound" or disabled or status == 404:
             # The Hub answers a private repository exactly like a missing one (401 without a token).
             hint = "" if self.hub.token else "; if it is private, set MODELFORGE_HF_TOKEN"
             message = f"{what}: no such repository (HTTP {status}){hint}"
@@ -280,29 +541,27 @@ class HubClient:
         if status in (401, 403):
             who = "the Hub refused MODELFORGE_HF_TOKEN" if self.hub.token else "no MODELFORGE_HF_TOKEN is set"
             return JobFailure(HUB_AUTH_REQUIRED, f"{what}: HTTP {status} ({who}); {TOKEN_HINT}", retryable=False)
-        if isinstance(error, hub_errors.HFValidationError):
-            return JobFailure(JOB_PARAMS_INVALID, f"{what}: huggingface_hub refused the name", retryable=False)
-        if isinstance(error, KeyError | TypeError):
-            message = f"{what}: an entry lacks a field huggingface_hub needs ({type(error).__name__})"
-            return JobFailure(HUB_TREE_INVALID, message, retryable=False)
-        if status is not None:
-            retryable = status >= 500 or status in (408, 429)
-            return JobFailure(HUB_UNAVAILABLE, f"{what}: HTTP {status} from the Hub", retryable=retryable)
-        if isinstance(error, httpx2.TimeoutException):
-            message = f"{what}: the Hub did not answer within {self.hub.stall_seconds:g}s"
-            return JobFailure(HUB_UNAVAILABLE, message, retryable=True)
-        return JobFailure(HUB_UNAVAILABLE, f"{what}: {type(error).__name__}", retryable=True)
+        retryable = status >= 500 or status in (408, 429)
+        return JobFailure(HUB_UNAVAILABLE, f"{what}: HTTP {status} from the Hub", retryable=retryable)
 
     def resolve_commit(self, request: AcquireRequest, revision: str) -> str:
         """J3: the revision as a 40-hex commit, before the first byte."""
         what = f"resolving {request.repo_type} {request.repo_id}@{revision}"
+        url = f"{self.hub.endpoint}/api/{request.repo_type}s/{request.repo_id}/revision/{quote(revision, safe='')}"
+
+        def invalid(message: str) -> JobFailure:
+            return JobFailure(HUB_UNAVAILABLE, message, retryable=False)
+
+        deadline = self.guard.start_call(self.hub.deadline_seconds)
         try:
-            info = self.api.repo_info(
-                request.repo_id, revision=revision, repo_type=request.repo_type, timeout=self.hub.stall_seconds
-            )
-        except HUB_API_ERRORS as error:
-            raise self.api_failure(error, what) from None
-        commit = getattr(info, "sha", None)
+            _, body = self.api_get(url, what, deadline=deadline, retries=0, invalid=invalid)
+        finally:
+            self.guard.end_call()
+        try:
+            info = json.loads(body)
+        except (ValueError, RecursionError):
+            info = None
+        commit = info.get("sha") if isinstance(info, dict) else None
         if not isinstance(commit, str) or not COMMIT_PATTERN.fullmatch(commit):
             raise JobFailure(HUB_UNAVAILABLE, f"{what}: the Hub named no 40-hex commit", retryable=True)
         return commit
@@ -310,22 +569,43 @@ class HubClient:
     def list_files(self, request: AcquireRequest, commit: str) -> list[RemoteFile]:
         """The tree at the commit, recursively, every path checked, then filtered by the patterns.
 
-        The pages come through huggingface_hub's paginate(), which (unlike list_repo_tree) takes a
-        timeout per call: the same Hub endpoint, entries and retries, with the stall limit."""
+        The pages are fetched here, not by huggingface_hub's paginate(): that follows a page's
+        `Link: <…>; rel="next"` to any URL with the same headers, the token included, and sleeps
+        whatever Retry-After says. Here each next link must be on the Hub endpoint's origin and
+        the listing's own path before anything is sent to it (a page from elsewhere is refused,
+        J3), and the listing has one deadline and caps on pages, entries and answer size."""
         what = f"listing {request.repo_id}@{commit}"
-        url = f"{self.hub.endpoint}/api/{request.repo_type}s/{request.repo_id}/tree/{commit}"
-        params = {"recursive": True, "expand": False}
+        url: str | None = f"{self.hub.endpoint}/api/{request.repo_type}s/{request.repo_id}/tree/{commit}"
+        own_path = urlsplit(url).path
+        params: dict[str, str] | None = {"recursive": "true", "expand": "false"}
+
+        def invalid(message: str) -> JobFailure:
+            return JobFailure(HUB_TREE_INVALID, message, retryable=False)
+
+        files: list[RemoteFile] = []
+        entries = pages = 0
+        deadline = self.guard.start_call(self.hub.deadline_seconds)
         try:
-            entries = [
-                RepoFile(**item) if item["type"] == "file" else RepoFolder(**item)
-                for item in hub_utils.paginate(url, params, self.headers, timeout=self.hub.stall_seconds)
-            ]
-        except HUB_API_ERRORS as error:
-            raise self.api_failure(error, what) from None
-        for entry in entries:
-            if not isinstance(entry, RepoFile):
-                safe_repo_path(entry.path)  # folders are never created from the listing, but a hostile one is refused
-        files = [remote_file(entry) for entry in entries if isinstance(entry, RepoFile)]
+            while url is not None:
+                pages += 1
+                if pages > MAX_TREE_PAGES:
+                    raise invalid(f"{what}: the Hub's listing runs to more than {MAX_TREE_PAGES} pages")
+                response, body = self.api_get(
+                    url, what, deadline=deadline, retries=HUB_API_RETRIES, invalid=invalid, params=params
+                )
+                try:
+                    page = json.loads(body)
+                except (ValueError, RecursionError):
+                    raise invalid(f"{what}: a page of the Hub's listing is not JSON") from None
+                if not isinstance(page, list):
+                    raise invalid(f"{what}: a page of the Hub's listing is not a list")
+                entries += len(page)
+                if entries > MAX_TREE_ENTRIES:
+                    raise invalid(f"{what}: the Hub's listing holds more than {MAX_TREE_ENTRIES} entries")
+                files.extend(tree_page_files(page, what))
+                url, params = self.next_page(response, own_path, what), None
+        finally:
+            self.guard.end_call()
         refuse_conflicts(files)
         kept = hub_utils.filter_repo_objects(
             files,
@@ -335,9 +615,28 @@ class HubClient:
         )
         return sorted(kept, key=lambda remote: remote.path)
 
+    def next_page(self, response: requests.Response, own_path: str, what: str) -> str | None:
+        """The page after this one, or None; one on another origin or path is refused before any
+        request goes there (J3: the token never does, and its answer never becomes the tree)."""
+        link = response.links.get("next", {}).get("url")
+        if not link:
+            return None
+        url = urljoin(response.url, link)
+        if origin_of(url) != self.origin:
+            raise JobFailure(
+                HUB_TREE_INVALID,
+                f"{what}: the Hub's listing continues at {shown_origin(url)}, another origin; refused, "
+                "and nothing was sent there",
+                retryable=False,
+            )
+        if urlsplit(url).path != own_path:
+            message = f"{what}: the Hub's next page is another listing; refused"
+            raise JobFailure(HUB_TREE_INVALID, message, retryable=False)
+        return url
+
     def open_file(self, request: AcquireRequest, commit: str, path: str, offset: int):
-        """GET the file at the commit from `offset` (Range), following redirects by hand so the
-        token goes only to the Hub endpoint's own origin, never to the LFS CDN (J3)."""
+        """GET the file at the commit from `offset` (Range); the token goes only to the Hub
+        endpoint's own origin, never to the LFS CDN (J3)."""
         url = huggingface_hub.hf_hub_url(
             request.repo_id, path, repo_type=request.repo_type, revision=commit, endpoint=self.hub.endpoint
         )
@@ -345,23 +644,7 @@ class HubClient:
         headers["Accept-Encoding"] = "identity"  # byte offsets must mean the file's bytes
         if offset:
             headers["Range"] = f"bytes={offset}-"
-        for _ in range(MAX_REDIRECTS):
-            sent = {name: value for name, value in headers.items() if name.lower() != "authorization"}
-            if origin_of(url) == self.origin and "authorization" in headers:
-                sent["authorization"] = headers["authorization"]
-            response = self.session.get(
-                url,
-                headers=sent,
-                stream=True,
-                allow_redirects=False,
-                timeout=(CONNECT_TIMEOUT_SECONDS, self.hub.stall_seconds),
-            )
-            location = response.headers.get("Location")
-            if response.status_code not in (301, 302, 303, 307, 308) or not location:
-                return response
-            response.close()
-            url = urljoin(url, location)
-        raise JobFailure(HUB_UNAVAILABLE, f"more than {MAX_REDIRECTS} redirects for {path}", retryable=True)
+        return self.open(url, headers=headers, read_timeout=self.hub.stall_seconds)
 
     @staticmethod
     def file_failure(response, path: str) -> JobFailure | None:
@@ -882,7 +1165,9 @@ class Acquisition:
         return match is not None and int(match.group(1)) == offset
 
     def network_failure(self, error: Exception, remote: RemoteFile, where: str) -> JobFailure:
-        """A broken transfer as HUB_UNAVAILABLE, naming a stall apart from a dropped connection."""
+        """A broken transfer as HUB_UNAVAILABLE, naming a stall apart from a dropped connection;
+        a connection the guard cut because the job must stop is that stop instead."""
+        self.control.check()
         if self.hub.is_stall(error):
             message = f"{where} for {remote.path} stalled: no byte for {self.hub.hub.stall_seconds:g}s"
         else:
@@ -1013,7 +1298,8 @@ def acquire_artifact(
     root = os.path.realpath(request.container_path)
     if not writable_dir(root):
         raise JobFailure(STORAGE_ROOT_UNAVAILABLE, f"{request.container_path} is not writable", retryable=False)
-    client = HubClient(hub)
+    control = control or JobControl()
+    client = HubClient(hub, control)
     try:
         acquisition = Acquisition(
             request,
@@ -1022,7 +1308,7 @@ def acquire_artifact(
             quarantine_dir,
             job_id=job_id,
             attempt=attempt,
-            control=control or JobControl(),
+            control=control,
             on_progress=on_progress or (lambda progress: None),
         )
     except OSError as error:  # the root vanished since it was checked

@@ -90,6 +90,10 @@ NVIDIA_SMI_MAX_OUTPUT = 16 * 1024  # the inventory's limit (app/api/bodies.py MA
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 STALL_SECONDS = 30.0  # J2: a transfer with no byte for this long is a stall (MODELFORGE_AGENT_STALL_SECONDS)
+# J2: the longest one Hub API call may take, every retry, wait and page included: the revision
+# lookup, or the whole tree listing (MODELFORGE_AGENT_HUB_DEADLINE_SECONDS). The acquire module
+# holds the other Hub limits (Retry-After cap, pages, entries).
+HUB_DEADLINE_SECONDS = 300.0
 PROGRESS_INTERVAL_SECONDS = 10.0  # when a claim names none
 STORAGE_REPORT_SECONDS = 60.0  # J1: root observations go out at least this often
 NOTABLE_FREE_CHANGE = 0.01  # … and sooner when free space moves by 1 % of the filesystem
@@ -117,7 +121,8 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class HubSettings:
-    """Where artifacts come from (J3): the Hub endpoint, the optional token, the stall limit.
+    """Where artifacts come from (J3): the Hub endpoint, the optional token, the stall limit and
+    the deadline of each Hub API call.
 
     The token lives only here, in memory: it is never logged, put in a URL, an error or a result,
     and never sent to a host other than the endpoint's.
@@ -126,6 +131,7 @@ class HubSettings:
     endpoint: str = DEFAULT_HF_ENDPOINT
     token: str | None = field(default=None, repr=False)
     stall_seconds: float = STALL_SECONDS
+    deadline_seconds: float = HUB_DEADLINE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -214,11 +220,11 @@ def _hf_token(env: dict[str, str]) -> str | None:
     return token or None
 
 
-def _stall_seconds(env: dict[str, str]) -> float:
-    name = "MODELFORGE_AGENT_STALL_SECONDS"
+def _seconds(env: dict[str, str], name: str, default: float) -> float:
+    """A number of seconds between 0.1 and an hour, or the default when unset."""
     raw = env.get(name, "").strip()
     if not raw:
-        return STALL_SECONDS
+        return default
     try:
         seconds = float(raw)
     except ValueError:
@@ -270,7 +276,12 @@ def load_config(env: dict[str, str], *, need_url: bool = True) -> Config:
         identity_mode=identity_mode,
         state_dir=dirs["state"],
         data_dirs=dirs,
-        hub=HubSettings(endpoint=_hf_endpoint(env), token=_hf_token(env), stall_seconds=_stall_seconds(env)),
+        hub=HubSettings(
+            endpoint=_hf_endpoint(env),
+            token=_hf_token(env),
+            stall_seconds=_seconds(env, "MODELFORGE_AGENT_STALL_SECONDS", STALL_SECONDS),
+            deadline_seconds=_seconds(env, "MODELFORGE_AGENT_HUB_DEADLINE_SECONDS", HUB_DEADLINE_SECONDS),
+        ),
         worker_socket=_worker_socket(env),
     )
 

@@ -1,14 +1,21 @@
 """Acquire through the real control plane and agent: a cpu-mode agent on the stand-in Hub, storage
 roots and jobs over HTTP, and bounded waits on their state. Agents started here are stopped after
-each test (tests/conftest.py), even when the test failed mid-body."""
+each test (tests/conftest.py), even when the test failed mid-body.
+
+AttemptInThread runs one attempt of the agent's acquire code in this process instead (the unit
+tier), with the JobControl an operator's cancel sets."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import requests
 
+import modelforge_agent_acquire as acquire_job
+import modelforge_node_agent as agent_core
+from app.config import load_settings
 from tests.support import ACQUIRE, ADMIN
 from tests.support.agent import AgentProcess, mint_token
 from tests.support.gunicorn import GunicornServer
@@ -44,6 +51,17 @@ def start_agent(tmp_path: Path, server: GunicornServer, hub: StandinHub, **env: 
     _started.append(agent)
     agent.wait_for(r"enrolled|starting with its stored credential")
     return agent
+
+
+def online_agent_with_root(tmp_path: Path, server: GunicornServer, hub: StandinHub, **env: str):
+    """A started agent whose node is online, with one root at <artifacts>/registry registered for
+    it: (agent, node_id, root_dir, root)."""
+    agent = start_agent(tmp_path, server, hub, **env)
+    node_id = agent.node_id()
+    wait_node_online(server, node_id)
+    root_dir = agent.home / "artifacts" / "registry"
+    root_dir.mkdir()
+    return agent, node_id, root_dir, add_root(server, node_id, root_dir)
 
 
 def api(server: GunicornServer, method: str, path: str, **kwargs) -> requests.Response:
@@ -84,3 +102,94 @@ def wait_node_online(server, node_id: str, timeout: float = 20) -> None:
             return
         time.sleep(0.2)
     raise AssertionError("node never came online")
+
+
+def progress_interval(server: GunicornServer) -> float:
+    """How often the server's agents report progress (J2: a cancel reaches a job within it)."""
+    instance = Path(server.env.get("MODELFORGE_INSTANCE_PATH") or ".")
+    return float(load_settings(server.env, instance).job_progress_interval_seconds)
+
+
+def wait_job_fast(server, job_id: str, states: set[str], timeout: float) -> tuple[dict, float]:
+    """The job once it is in one of `states`, and when (time.monotonic()) that was first seen:
+    polled every 50 ms, so a measured delay is off by at most that."""
+    deadline = time.monotonic() + timeout
+    job = {}
+    while time.monotonic() < deadline:
+        job = api(server, "GET", f"/api/v1/admin/jobs/{job_id}").json()
+        if job["state"] in states:
+            return job, time.monotonic()
+        time.sleep(0.05)
+    raise AssertionError(f"job never reached {states} within {timeout}s: {job}")
+
+
+class AttemptInThread:
+    """One artifact.acquire.v1 attempt (acquire_artifact, as the agent's job thread calls it) in a
+    daemon thread, into `<tmp_path>/artifacts/registry`. Both waits are bounded: an attempt that
+    does not end fails the test (and is told to stop) instead of hanging it."""
+
+    def __init__(
+        self,
+        hub_url: str,
+        tmp_path: Path,
+        params: dict[str, object],
+        *,
+        token: str | None = None,
+        stall: float = 5.0,
+        deadline: float | None = None,
+        job_id: str = "job-1",
+    ) -> None:
+        self.artifacts = tmp_path / "artifacts"
+        self.root = self.artifacts / "registry"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.job_id = job_id
+        settings: dict[str, object] = {"endpoint": hub_url, "token": token, "stall_seconds": stall}
+        if deadline is not None:
+            settings["deadline_seconds"] = deadline
+        self.hub = agent_core.HubSettings(**settings)
+        self.params = {"container_path": str(self.root), "min_free_bytes": 0, **params}
+        self.quarantine = tmp_path / "quarantine"
+        self.control = agent_core.JobControl()
+        self.result: object = None  # the result dict, or the exception the attempt raised
+        self.ended_at: float | None = None
+        self.thread = threading.Thread(target=self._run, name=f"attempt-{job_id}", daemon=True)
+
+    def partial(self) -> Path:
+        return self.root / ".partial" / self.job_id
+
+    def start(self) -> AttemptInThread:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.result = acquire_job.acquire_artifact(
+                self.params,
+                self.hub,
+                artifact_dir=self.artifacts,
+                quarantine_dir=self.quarantine,
+                job_id=self.job_id,
+                attempt=1,
+                control=self.control,
+            )
+        except BaseException as error:  # noqa: BLE001 - the test reads what the attempt raised
+            self.result = error
+        finally:
+            self.ended_at = time.monotonic()
+
+    def outcome(self, timeout: float) -> object:
+        """The attempt's result or exception once it ends by itself, within `timeout` seconds."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.control.abandon("the test gave up on it")
+            raise AssertionError(f"the attempt was still running after {timeout}s")
+        return self.result
+
+    def cancel(self, timeout: float = 30) -> float:
+        """Cancel as the progress reporter does; how many seconds until the attempt ended."""
+        asked = time.monotonic()
+        self.control.cancel()
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise AssertionError(f"the attempt was still running {timeout}s after the cancel")
+        return self.ended_at - asked

@@ -27,6 +27,14 @@ is identified by `lfs.oid` (sha256).
         hub.drop("model.gguf", after_bytes=1 << 20)        # the next GET of it breaks after 1 MiB
         ...download from hub.url...
         assert hub.bytes_served("model.gguf") == ...
+
+A hostile Hub is a few calls away; by default none of it happens:
+
+    hub.fail_next(10**6, 429, path=tree_path, headers={"Retry-After": "100000"})  # a Retry-After bomb
+    hub.drip(tree_path, seconds=1.5, times=None)   # every tree answer: one byte every 1.5 s
+    hub.endless_tree(per_page=1)                   # every tree page links to one more, forever
+    hub.link_tree_to(other.url)                    # the tree "continues" on another host, whose
+    other.serve_any_tree([])                       # /tree answers this; other.requests shows its headers
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ HOSTILE_PATHS = (
     "./",
 )
 STREAM_CHUNK = 256 * 1024
+EMPTY_BLOB_SHA1 = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git hash-object of no bytes
 
 # --- content sources -----------------------------------------------------------------------------
 
@@ -291,7 +300,7 @@ class _Failure:
 
 @dataclass
 class _BodyFault:
-    kind: str  # "stall" or "drop"
+    kind: str  # "stall", "drop" or "drip" (seconds: between two bytes)
     path: str
     repo_id: str | None
     after_bytes: int
@@ -389,6 +398,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         hub = self.server.hub
+        self.drip_seconds: float | None = None  # set by a drip fault: the rest of the body goes byte by byte
         length = int(self.headers.get("Content-Length") or 0)
         self.body = self.rfile.read(length) if length else b""
         split = urlsplit(self.path)
@@ -450,8 +460,19 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 for fault in self.server.hub._body_faults_for(self.record):
                     self._fire(fault)
+            if self.drip_seconds is not None:
+                self._drip(body)
+                return
             self.record.bytes_sent += len(body)  # counted first: a client that has the bytes sees them counted
             self.wfile.write(body)
+
+    def _drip(self, data: bytes | memoryview) -> None:
+        """Send `data` one byte at a time, `drip_seconds` apart; stop() cuts it short."""
+        for index in range(len(data)):
+            self.record.bytes_sent += 1
+            self.wfile.write(data[index : index + 1])
+            if self.server.hub._stopping.wait(self.drip_seconds):
+                raise _ConnectionDropped
 
     def _send_json(self, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> None:
         body = json.dumps(payload).encode()
@@ -490,6 +511,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _api(self, repo_type: str, repo_id: str, rest: list[str]) -> None:
         self.record.repo_id = repo_id
+        with self.server.hub._lock:
+            any_tree = self.server.hub._any_tree
+        if any_tree is not None and rest[:1] == ["tree"] and self.command == "GET":
+            self._send_json(200, any_tree)  # a host that answers every tree listing, repo or not
+            return
         repo = self._repo(repo_type, repo_id)
         if repo is None:
             return
@@ -577,19 +603,34 @@ class _Handler(BaseHTTPRequestHandler):
                     listed.append(entries[path])
             elif path.startswith(prefix) and (recursive or "/" not in path[len(prefix) :]):
                 listed.append(entries[path])
-        self._send_page(listed)
+        self._send_page(repo, listed)
 
-    def _send_page(self, listed: list[dict]) -> None:
-        page_size = self.server.hub.tree_page_size
+    def _send_page(self, repo: _Repo, listed: list[dict]) -> None:
+        hub = self.server.hub
+        with hub._lock:
+            endless, link_base = hub._endless_page_size, hub._tree_link_base
+            if hub._endless_repo_id not in (None, repo.repo_id):
+                endless = None
         start = int(self.record.query.get("cursor", ["0"])[0] or 0)
-        page = listed[start : start + page_size]
+        if endless is not None:
+            # Fresh, valid empty files on every page, and always one page more.
+            page_size = endless
+            page = [
+                {"type": "file", "oid": EMPTY_BLOB_SHA1, "size": 0, "path": f"endless/{start + index:010d}.txt"}
+                for index in range(endless)
+            ]
+            more = True
+        else:
+            page_size = hub.tree_page_size
+            page = listed[start : start + page_size]
+            more = start + page_size < len(listed) or link_base is not None
         headers = {}
-        if start + page_size < len(listed):
+        if more:
             query = "&".join(
                 f"{quote(name)}={quote(values[0])}" for name, values in self.record.query.items() if name != "cursor"
             )
-            host = self.headers.get("Host") or self.server.hub.url.split("//", 1)[1]
-            link = f"http://{host}{quote(self.record.path)}?{query}&cursor={start + page_size}".replace("?&", "?")
+            base = link_base or f"http://{self.headers.get('Host') or hub.url.split('//', 1)[1]}"
+            link = f"{base}{quote(self.record.path)}?{query}&cursor={start + page_size}".replace("?&", "?")
             headers["Link"] = f'<{link}>; rel="next"'
         self._send_json(200, page, headers)
 
@@ -699,8 +740,12 @@ class _Handler(BaseHTTPRequestHandler):
                 while faults and faults[0].after_bytes <= sent:
                     self._fire(faults.pop(0))
                 part = view[: faults[0].after_bytes - sent] if faults else view
-                self.record.bytes_sent += len(part)
-                self.wfile.write(part)
+                if self.drip_seconds is not None:
+                    part = part[:1]
+                    self._drip(part)
+                else:
+                    self.record.bytes_sent += len(part)
+                    self.wfile.write(part)
                 sent += len(part)
                 view = view[len(part) :]
 
@@ -711,6 +756,9 @@ class _Handler(BaseHTTPRequestHandler):
         if fault.kind == "stall":
             if hub._stopping.wait(fault.seconds):
                 raise _ConnectionDropped
+            return
+        if fault.kind == "drip":
+            self.drip_seconds = fault.seconds
             return
         self.wfile.flush()
         try:
@@ -750,6 +798,10 @@ class StandinHub:
         self._body_faults: list[_BodyFault] = []
         self._corruptions: dict[tuple[str, str, str], set[int]] = {}
         self._lfs_target: StandinHub | str | None = None
+        self._tree_link_base: str | None = None
+        self._any_tree: list[dict] | None = None
+        self._endless_page_size: int | None = None
+        self._endless_repo_id: str | None = None
         self._cdn_objects: dict[str, tuple[StandinHub, str, str, HubFile]] = {}
         self._connections: set[socket.socket] = set()
         self._stopping = threading.Event()
@@ -957,6 +1009,40 @@ class StandinHub:
         with self._lock:
             self._body_faults.append(_BodyFault("drop", path, repo_id, after_bytes, 0.0, times))
 
+    def drip(
+        self,
+        path: str,
+        seconds: float,
+        *,
+        after_bytes: int = 0,
+        repo_id: str | None = None,
+        times: int | None = 1,
+    ) -> None:
+        """Send the body of the next `times` GETs of `path` (None: all) one byte every `seconds`
+        after `after_bytes` bytes: never a stall of a whole read, never done. An /api URL path
+        drips that answer from its first byte; stop() cuts it short."""
+        with self._lock:
+            self._body_faults.append(_BodyFault("drip", path, repo_id, after_bytes, seconds, times))
+
+    def link_tree_to(self, base_url: str | None) -> None:
+        """Give every tree page a `Link: <base_url/same path?same query&cursor=…>; rel="next"`, even
+        the last one: the listing "continues" on another host (e.g. a second StandinHub's url that
+        serve_any_tree()s). None stops it."""
+        with self._lock:
+            self._tree_link_base = base_url.rstrip("/") if base_url else None
+
+    def serve_any_tree(self, entries: list[dict] | None) -> None:
+        """Answer every tree listing, of any repository and revision, with `entries` (200, no
+        Link): what a host that should never be asked would hand back. None stops it."""
+        with self._lock:
+            self._any_tree = list(entries) if entries is not None else None
+
+    def endless_tree(self, per_page: int | None = 1, *, repo_id: str | None = None) -> None:
+        """Page every tree listing (of `repo_id` only, if given) forever: each page holds `per_page`
+        fresh, valid empty files and a Link to the next cursor. None stops it."""
+        with self._lock:
+            self._endless_page_size, self._endless_repo_id = per_page, repo_id
+
     def redirect_lfs_to(self, target: StandinHub | str | None) -> None:
         """Answer /resolve of LFS files with 302 to a second host (a "CDN") that serves the same bytes.
 
@@ -996,12 +1082,14 @@ class StandinHub:
         return [{key: value for key, value in entry.items() if key != "content"} for entry in filled]
 
     def reset_faults(self) -> None:
-        """Clear every fault: failures, stalls, drops, corruptions, hostile entries, the LFS redirect."""
+        """Clear every fault: failures, stalls, drops, drips, corruptions, hostile entries, the LFS
+        redirect, the tree's foreign Link, endless pages and serve_any_tree."""
         with self._lock:
             self._failures.clear()
             self._body_faults.clear()
             self._corruptions.clear()
             self._lfs_target = None
+            self._tree_link_base = self._any_tree = self._endless_page_size = self._endless_repo_id = None
             for repo in self._repos.values():
                 repo.hostile.clear()
 
