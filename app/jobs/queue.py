@@ -190,7 +190,10 @@ _NEXT_STEPS = {
     "JOB_LEASE_LOST": "The agent stopped reporting (killed or offline); check the node.",
     "JOB_CANCELLED": "Retry it if you want it again.",
     "ARTIFACT_PATH_UNSAFE": "The Hub listed a path outside the download, or a symlink was found; nothing written.",
-    "HUB_TREE_INVALID": "The Hub's file list had an entry without a usable size or hash; check the repository.",
+    "HUB_TREE_INVALID": (
+        "The Hub's file list could not be trusted: an entry without a usable size or hash, a page from "
+        "another host, or more pages or entries than the agent accepts; check the repository and HF_ENDPOINT."
+    ),
     "JOB_PARAMS_INVALID": "Fix the job's parameters and create it again.",
     "JOB_TYPE_UNSUPPORTED": "Upgrade the node agent, or send this job to a node that advertises its type.",
     "AGENT_INTERNAL_ERROR": "The agent hit an unexpected error; its log says where. The job is retried.",
