@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
-from flask import Flask, request
+from flask import Flask, current_app, request
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -308,32 +308,39 @@ def init_app(app: Flask) -> None:
     """Bind Flask-SQLAlchemy, tune the engine for the configured database, and refuse to serve
     on a schema that is not the code's."""
     db.init_app(app)
+    schema = app.extensions[SCHEMA_KEY] = SchemaCheck()
+    app.extensions[WRITE_PROBE_KEY] = WriteProbe()
     with app.app_context():
         if db.engine.dialect.name == "sqlite":
             _tune_sqlite(db.engine)
         elif db.engine.dialect.name == "postgresql":
             _bound_postgresql(db.engine)
-        sa.event.listen(db.engine, "handle_error", _schema_may_have_changed)
-    SCHEMA.head()  # read the migrations once here, in gunicorn's master, not in each worker's first request
+
+        @sa.event.listens_for(db.engine, "handle_error")
+        def schema_may_have_changed(context) -> None:
+            if isinstance(context.sqlalchemy_exception, sa.exc.OperationalError | sa.exc.ProgrammingError):
+                schema.forget()
+
+    head_revision()  # read the migrations once here, in gunicorn's master, not in each worker's first request
     app.before_request(_refuse_unless_schema_is_current)
-
-
-def _schema_may_have_changed(context) -> None:
-    if isinstance(context.sqlalchemy_exception, sa.exc.OperationalError | sa.exc.ProgrammingError):
-        SCHEMA.forget()
 
 
 def _refuse_unless_schema_is_current() -> None:
     """Every request but a static file: 503 SCHEMA_OUT_OF_DATE while the revision is not the head."""
     if request.endpoint == "static":
         return
-    problem = SCHEMA.problem(db.engine)
+    problem = current_app.extensions[SCHEMA_KEY].problem(db.engine)
     if problem is not None:
         raise DomainError(
             "SCHEMA_OUT_OF_DATE",
             problem,
             f"Run `{UPGRADE_COMMAND}` (the control-plane container runs it at start), then retry.",
         )
+
+
+def write_problem() -> str | None:
+    """This app's write health (WriteProbe), for GET /healthz."""
+    return current_app.extensions[WRITE_PROBE_KEY].problem(db.engine)
 
 
 def begin_read_only() -> None:
@@ -356,8 +363,24 @@ UPGRADE_COMMAND = "flask --app wsgi db upgrade"
 SCHEMA_RECHECK_SECONDS = 2.0
 
 
+SCHEMA_KEY = "modelforge.schema"
+_heads: list[str] = []
+
+
+def head_revision() -> str:
+    """The code's head revision, read from app/migrations once per process."""
+    if not _heads:
+        from alembic.config import Config
+        from alembic.script import ScriptDirectory
+
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        _heads.append(ScriptDirectory.from_config(config).get_current_head())
+    return _heads[0]
+
+
 class SchemaCheck:
-    """Whether the database is at the code's head revision, asked once and cached (per process).
+    """Whether the database is at the code's head revision, asked once and cached (per app and process).
 
     A database behind (or ahead of) the code answers agents with errors that say nothing of the
     cause, so the control plane refuses to serve instead, saying why. Once the revision matches it
@@ -367,20 +390,9 @@ class SchemaCheck:
     """
 
     def __init__(self) -> None:
-        self._head: str | None = None
         self._current = False
         self._problem: str | None = None
         self._checked_at = 0.0
-
-    def head(self) -> str:
-        if self._head is None:
-            from alembic.config import Config
-            from alembic.script import ScriptDirectory
-
-            config = Config()
-            config.set_main_option("script_location", str(MIGRATIONS))
-            self._head = ScriptDirectory.from_config(config).get_current_head()
-        return self._head
 
     def forget(self) -> None:
         """Ask again on the next request (after a database error)."""
@@ -397,12 +409,12 @@ class SchemaCheck:
         with engine.connect() as connection:
             revision = MigrationContext.configure(connection).get_current_revision()
         self._checked_at = time.monotonic()
-        if revision == self.head():
+        if revision == head_revision():
             self._current, self._problem = True, None
             return None
         problem = (
             f"The database schema is at revision {revision or 'none (an empty database)'}; this control plane "
-            f"needs {self.head()}."
+            f"needs {head_revision()}."
         )
         if problem != self._problem:
             log.error("%s Run `%s` against MODELFORGE_DATABASE_URL, then retry; refusing to serve until then.",
@@ -411,11 +423,9 @@ class SchemaCheck:
         return problem
 
 
-SCHEMA = SchemaCheck()
-
-
 # ------------------------------------------------------------------ write health
 
+WRITE_PROBE_KEY = "modelforge.write_probe"
 WRITE_PROBE_SECONDS = 5.0  # a health check asks at most this often per process
 # The free space a write needs: SQLite grows the WAL and the file a page at a time, and a burst
 # of heartbeats needs a few hundred pages; less than this and writes are about to fail.
@@ -478,6 +488,3 @@ def _filesystem_problem(database: Path) -> str | None:
             return "The database's filesystem is read-only."
         return f"The database's filesystem refused a write ({errno.errorcode.get(error.errno, error.errno)})."
     return None
-
-
-WRITE_PROBE = WriteProbe()

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from flask import Blueprint, jsonify
 
 from app.api import operations, replies
-from app.db import WRITE_PROBE, begin_read_only
+from app.db import begin_read_only, write_problem
 from app.errors import DomainError
 from app.extensions import db
 
@@ -26,7 +26,7 @@ def healthz():
     begin_read_only()
     db.session.execute(sa.text("SELECT 1"))
     db.session.rollback()
-    problem = WRITE_PROBE.problem(db.engine)
+    problem = write_problem()
     if problem is not None:
         raise DomainError(
             "DATABASE_NOT_WRITABLE",

@@ -18,7 +18,7 @@ from alembic.operations import Operations
 from flask_migrate import stamp, upgrade
 
 from app import MIGRATIONS, create_app
-from app.db import SCHEMA
+from app.db import head_revision
 from app.extensions import db
 from app.timeutil import UTCDateTime
 from tests.support import DATA_DIR, app_env
@@ -117,7 +117,7 @@ def test_a_database_made_at_the_first_migration_commit_upgrades_to_the_head_with
 
         with db.engine.connect() as connection:
             context = MigrationContext.configure(connection)
-            assert context.get_current_revision() == SCHEMA.head()
+            assert context.get_current_revision() == head_revision()
             assert compare_metadata(context, db.metadata) == []
             gpu_id = connection.execute(sa.text("SELECT id FROM gpus WHERE uuid = 'GPU-1'")).scalar()
             rows = connection.execute(sa.text(
