@@ -48,6 +48,8 @@ STATUS_BY_CODE = {
     "INSPECT_TOO_LARGE": 413,
     "SCREENSHOT_TOO_LARGE": 413,
     "SCREENSHOT_NOT_FOUND": 404,
+    "SCHEMA_OUT_OF_DATE": 503,  # issue 22: the database is not at the code's revision
+    "DATABASE_NOT_WRITABLE": 503,  # issue 22: GET /healthz's write probe failed
 }
 
 # The API's code and next step for errors Werkzeug raises before or instead of a view.

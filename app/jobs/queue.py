@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from app import audit
-from app.config import Settings
+from app.config import Settings, current_settings
 from app.errors import DomainError
 from app.extensions import db
 from app.jobs import artifacts, runtime, storage
@@ -416,17 +416,26 @@ def _requeue(attempt: int, error: dict[str, str]) -> dict[str, object]:
     }
 
 
-def sweep_expired_leases(now: datetime | None = None) -> dict[str, int]:
+LEASE_SWEEP = "job-leases"
+
+
+def sweep_expired_leases(now: datetime | None = None, settings: Settings | None = None) -> dict[str, int]:
     """J2: a running job whose lease ran out goes back to the queue (next attempt) or fails.
 
     Each transition is a conditional UPDATE on (id, attempt, state, lease): a second sweep of the
-    same tick, or a report that renewed the lease a moment earlier, makes it match nothing.
+    same tick, or a report that renewed the lease a moment earlier, makes it match nothing. A lease
+    last renewed before the control plane could hear again is held (liveness.heard_since): its agent
+    may only have been unable to reach a dead control plane, and requeueing it would run it twice.
     """
     now = now or utcnow()
+    settings = settings or current_settings()
+    expired_now = sa.and_(Job.state == JobState.RUNNING, Job.lease_expires_at < now)
+    since = liveness.heard_since(LEASE_SWEEP, settings, now)
+    if since is not None:  # a lease is renewed job_lease_seconds before it expires: since the return, or held
+        renewed_since = since + timedelta(seconds=settings.job_lease_seconds)
+        expired_now = sa.and_(expired_now, Job.lease_expires_at >= renewed_since)
     expired = db.session.execute(
-        sa.select(Job.id, Job.node_id, Job.attempt, Job.max_attempts, Job.cancel_requested).where(
-            Job.state == JobState.RUNNING, Job.lease_expires_at < now
-        )
+        sa.select(Job.id, Job.node_id, Job.attempt, Job.max_attempts, Job.cancel_requested).where(expired_now)
     ).all()
     counts = {"requeued": 0, "failed": 0, "cancelled": 0}
     for job_id, node_id, attempt, max_attempts, cancel_requested in expired:

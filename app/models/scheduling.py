@@ -28,3 +28,7 @@ class SweepTick(db.Model):
     last_finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     duration_seconds_total: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
     completed_runs: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    # L1, J2: since when the control plane could hear again, after a time it could not (its database
+    # was down or full, or no scheduler ran). Silence before it is not held against a node or a job
+    # until every live agent has had time to come back (app.nodes.liveness.hearing_hold_seconds).
+    heard_since: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -9,11 +9,18 @@ import sqlalchemy as sa
 from app import audit
 from app.config import Settings
 from app.extensions import db
-from app.models import AuditEvent, Node, NodeLease
+from app.models import AuditEvent, Node, NodeLease, SweepTick
 from app.nodes.compat import COMPATIBLE
 from app.timeutil import UTCDateTime, isoformat, utcnow
 
 ONLINE, STALE, OFFLINE, PENDING = "online", "stale", "offline", "pending"
+LIVENESS_SWEEP = "liveness"
+# The longest a live agent can take to reach the control plane once it hears again (A4): its
+# longest backoff with jitter, after one request that ran to its timeout. The agent's numbers
+# (BACKOFF_MAX_SECONDS and its ±20 % jitter, timeout=(5, 15)); tests/unit/test_liveness.py reads
+# them off the agent, so the two cannot drift apart.
+AGENT_LONGEST_BACKOFF_SECONDS = 16.0 * 1.2
+AGENT_LONGEST_REQUEST_SECONDS = 5.0 + 15.0
 _leases = NodeLease.__table__
 _audit = AuditEvent.__table__
 
@@ -30,7 +37,31 @@ def status_of(last_heartbeat_at: datetime | None, now: datetime, settings: Setti
     return OFFLINE, age
 
 
-def _transition(previous: str, new: str, cutoff: datetime, now: datetime) -> int:
+def hearing_hold_seconds(settings: Settings) -> float:
+    """How long after the control plane could hear again silence from before is not judged (L1, J2).
+
+    Every live agent has reported by then: its longest backoff and request, then one heartbeat or
+    job progress interval, and one sweep interval for the sweep to see it.
+    """
+    interval = max(settings.heartbeat_interval_seconds, settings.job_progress_interval_seconds)
+    return AGENT_LONGEST_BACKOFF_SECONDS + AGENT_LONGEST_REQUEST_SECONDS + interval + settings.sweep_interval_seconds
+
+
+def heard_since(sweep: str, settings: Settings, now: datetime) -> datetime | None:
+    """When the control plane could hear again, while that is within the hold; else None.
+
+    The scheduler records it in the sweep's `sweep_ticks` row (so every worker and replica
+    agrees) on its first run after it could not hear: after its database failed it, or when
+    it starts after a gap in the sweep's ticks. A node or job last heard before that moment
+    may be an agent still backing off from the outage, so it is judged only after the hold.
+    """
+    since = db.session.scalar(sa.select(SweepTick.heard_since).where(SweepTick.name == sweep))
+    if since is None or now >= since + timedelta(seconds=hearing_hold_seconds(settings)):
+        return None
+    return since
+
+
+def _transition(previous: str, new: str, cutoff: datetime, now: datetime, since: datetime | None = None) -> int:
     """Move leases from `previous` to `new` and audit each moved node, without a Python loop.
 
     PostgreSQL: one statement, `WITH moved AS (UPDATE … RETURNING node_id) INSERT … SELECT
@@ -38,6 +69,8 @@ def _transition(previous: str, new: str, cutoff: datetime, now: datetime) -> int
     then the same UPDATE, inside one BEGIN IMMEDIATE transaction that no writer can enter.
     """
     matches = (_leases.c.status == previous, _leases.c.last_heartbeat_at <= cutoff)
+    if since is not None:  # during a hold only nodes heard since the control plane came back
+        matches = (*matches, _leases.c.last_heartbeat_at >= since)
     update = _leases.update().where(*matches).values(status=new)
     details = {"previous": previous, "swept_at": isoformat(now)}
 
@@ -65,13 +98,15 @@ def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
     """Move silent nodes to stale and offline; audit each transition exactly once (L1, L3, P4).
 
     Set-based on the (status, last heartbeat) index: a duplicate run at the same moment
-    matches no row, so it changes nothing and audits nothing.
+    matches no row, so it changes nothing and audits nothing. Silence from before the control
+    plane could hear again is held (`heard_since`): its own downtime is no node's outage.
     """
     now = now or utcnow()
+    since = heard_since(LIVENESS_SWEEP, settings, now)
     offline_cutoff = now - timedelta(seconds=settings.node_offline_after_seconds)
     stale_cutoff = now - timedelta(seconds=settings.node_stale_after_seconds)
-    offline = sum(_transition(previous, OFFLINE, offline_cutoff, now) for previous in (ONLINE, STALE))
-    stale = _transition(ONLINE, STALE, stale_cutoff, now)
+    offline = sum(_transition(previous, OFFLINE, offline_cutoff, now, since) for previous in (ONLINE, STALE))
+    stale = _transition(ONLINE, STALE, stale_cutoff, now, since)
     db.session.commit()
     return {"stale": stale, "offline": offline}
 

@@ -25,9 +25,12 @@ class GunicornServer:
         tmp_path: Path,
         workers: int = 4,
         tls: tuple[Path, Path, Path] | None = None,
+        wrapper: list[str] | None = None,
         **env: str,
     ) -> None:
-        """`tls` is (certificate, key, CA certificate): gunicorn then serves HTTPS with them."""
+        """`tls` is (certificate, key, CA certificate): gunicorn then serves HTTPS with them.
+        `wrapper` comes before gunicorn's command line (a command that ends by exec'ing the rest)."""
+        self.wrapper = wrapper or []
         self.port = free_port()
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.verify: bool | str = str(tls[2]) if tls else True
@@ -47,7 +50,7 @@ class GunicornServer:
         """Start gunicorn and wait until /healthz answers."""
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf", "wsgi:app"],
+                [*self.wrapper, sys.executable, "-m", "gunicorn", "-c", "python:app.gunicorn_conf", "wsgi:app"],
                 cwd=PROJECT_ROOT,
                 env=self.env,
                 stdout=log,
@@ -60,7 +63,7 @@ class GunicornServer:
             try:
                 if requests.get(self.url + "/healthz", timeout=1, verify=self.verify).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # not up yet, or a first request still slow
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"gunicorn did not become healthy in {timeout}s:\n{self.log()}")

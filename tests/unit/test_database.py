@@ -20,7 +20,7 @@ def test_migrated_schema_matches_the_models(app):
     with app.app_context(), db.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, db.metadata) == []
-        assert context.get_current_revision() == "0010_unvalidated_not_eligible"
+        assert context.get_current_revision() == "0012_sweep_heard_since"
 
 
 def test_upgrading_an_existing_database_keeps_its_enrolments(tmp_path):
@@ -251,3 +251,38 @@ def test_timestamps_come_back_timezone_aware_utc(app):
         db.session.expire_all()
         node = db.session.get(Node, "n-1")
         assert node.created_at.utcoffset().total_seconds() == 0
+
+
+def test_postgresql_waits_are_bounded(tmp_path):
+    """P5 (issue 22): connect, statement, pool and keepalives are bounded; the URL's own choice wins."""
+    from app.db import CONNECT_TIMEOUT_SECONDS, POOL_TIMEOUT_SECONDS, STATEMENT_TIMEOUT_SECONDS, engine_options
+
+    options = engine_options("postgresql+psycopg://u@db.example/modelforge")
+    assert options["pool_timeout"] == POOL_TIMEOUT_SECONDS and options["pool_pre_ping"] is True
+    connect = options["connect_args"]
+    assert connect["connect_timeout"] == CONNECT_TIMEOUT_SECONDS
+    assert connect["options"] == f"-c statement_timeout={STATEMENT_TIMEOUT_SECONDS * 1000}"
+    assert connect["keepalives"] == 1 and connect["tcp_user_timeout"] > 0
+    mine = engine_options("postgresql+psycopg://u@db.example/modelforge?connect_timeout=30")["connect_args"]
+    assert "connect_timeout" not in mine  # the operator's ?connect_timeout=30 is left to libpq
+
+
+def test_the_watchdog_cuts_a_postgresql_call_past_its_deadline(postgres_database, tmp_path):
+    """The cut libpq cannot make when the peer's kernel still acknowledges (a black hole): the
+    socket is shut, the call fails at once with OperationalError, and the pool carries on."""
+    from app import create_app
+    from app.db import WATCHDOG
+    from tests.support import app_env
+
+    app = create_app(app_env(postgres_database, tmp_path))
+    with app.app_context():
+        with db.engine.connect() as connection:
+            dbapi_connection = connection.connection.dbapi_connection
+            started = time.monotonic()
+            WATCHDOG.arm(dbapi_connection, 0.5)
+            with pytest.raises(db.engine.dialect.loaded_dbapi.OperationalError, match="closed the connection"):
+                dbapi_connection.execute("SELECT pg_sleep(10)")
+            assert time.monotonic() - started < 3
+        with db.engine.connect() as connection:  # the cut connection was dropped; a fresh one answers
+            assert connection.execute(sa.text("SELECT 1")).scalar() == 1
+        db.engine.dispose()

@@ -10,7 +10,8 @@ import sqlalchemy as sa
 from app import scheduler
 from app.config import ConfigError, load_settings
 from app.extensions import db
-from app.models import AuditEvent, Gpu, NodeLease, TelemetryRollup, TelemetrySample
+from app.jobs import queue
+from app.models import AuditEvent, Gpu, NodeLease, SweepTick, TelemetryRollup, TelemetrySample
 from app.nodes import liveness, readiness, retention
 from app.timeutil import utcnow
 from tests.support import ADMIN, OPERATOR_KEY, factories
@@ -270,3 +271,129 @@ def test_readiness_by_enrolment_follows_the_exact_node(app, client):
     assert client.get("/api/v1/admin/nodes/nope/readiness", headers=ADMIN).status_code == 404
     with app.app_context():
         assert readiness.for_node("nope", settings(app)) is None
+
+
+# The control plane's own downtime is no node's outage (L1, J2, issue 22).
+
+
+def last_claim(app, name, seconds_ago):
+    """The sweep's row as a scheduler left it `seconds_ago`: its last claim, nothing held."""
+    with app.app_context():
+        scheduler.claim_tick(name, 1, "earlier")
+        db.session.execute(
+            sa.update(SweepTick)
+            .where(SweepTick.name == name)
+            .values(claimed_at=utcnow() - timedelta(seconds=seconds_ago), heard_since=None)
+        )
+        db.session.commit()
+
+
+def run_sweep(app, name, hearing=None):
+    """One tick of `name` as the scheduler runs it (the next tick: the row's last one is set back)."""
+    with app.app_context():
+        db.session.execute(sa.update(SweepTick).where(SweepTick.name == name).values(last_tick=0))
+        db.session.commit()
+    settings_ = settings(app)
+    interval, work = scheduler.sweeps(settings_)[name]
+    assert scheduler.run_if_due(app, name, interval, work, "test", hearing or scheduler.Hearing())
+
+
+def statuses(app):
+    with app.app_context():
+        return dict(db.session.execute(sa.select(NodeLease.node_id, NodeLease.status)).all())
+
+
+def test_the_hold_is_the_agents_longest_backoff_and_request_plus_an_interval(app):
+    import inspect
+
+    import modelforge_node_agent as agent
+
+    backoff = agent.Backoff()
+    for _ in range(20):
+        longest = backoff.next_delay()
+    assert longest == agent.BACKOFF_MAX_SECONDS
+    assert max(agent.Backoff.jittered(longest) for _ in range(2000)) <= liveness.AGENT_LONGEST_BACKOFF_SECONDS
+    assert liveness.AGENT_LONGEST_BACKOFF_SECONDS == agent.BACKOFF_MAX_SECONDS * 1.2
+    assert "timeout=(5, 15)" in inspect.getsource(agent)  # the agent's one control-plane request timeout
+    assert liveness.AGENT_LONGEST_REQUEST_SECONDS == 5 + 15
+    configured = settings(app)
+    assert liveness.hearing_hold_seconds(configured) == pytest.approx(
+        16 * 1.2
+        + 20
+        + max(configured.heartbeat_interval_seconds, configured.job_progress_interval_seconds)
+        + configured.sweep_interval_seconds
+    )
+
+
+def test_a_scheduler_that_starts_after_a_gap_judges_no_node_silent_through_it(app, client):
+    """The whole control plane was down for 500 s: every node looks silent, none is judged."""
+    heard, later = online_node(client, inventory=False), online_node(client, inventory=False)
+    for node in (heard, later):
+        age_lease(app, node["node_id"], 500)
+    last_claim(app, "liveness", 500)
+    run_sweep(app, "liveness")  # a fresh scheduler: its first tick finds the 500 s gap
+    assert set(statuses(app).values()) == {"online"}
+    assert not [row for row in events(app) if row.action in {"node.stale", "node.offline"}]
+
+    # A node heard since the control plane came back is judged as ever, during the hold too.
+    with app.app_context():
+        since = db.session.scalar(sa.select(SweepTick.heard_since).where(SweepTick.name == "liveness"))
+        hold = liveness.hearing_hold_seconds(settings(app))
+        heard_lease = sa.update(NodeLease).where(NodeLease.node_id == heard["node_id"])
+        db.session.execute(heard_lease.values(last_heartbeat_at=since))
+        db.session.commit()
+        later_moment = since + timedelta(seconds=settings(app).node_stale_after_seconds + 1)
+        assert later_moment < since + timedelta(seconds=hold)
+        assert liveness.sweep(settings(app), now=later_moment) == {"stale": 1, "offline": 0}
+        # After the hold every live agent has reported; one that has not is silent, and judged.
+        assert liveness.sweep(settings(app), now=since + timedelta(seconds=hold + 1)) == {"stale": 0, "offline": 1}
+    assert statuses(app) == {heard["node_id"]: "stale", later["node_id"]: "offline"}
+
+
+def test_a_sweep_that_failed_holds_judgment_when_the_database_answers_again(app, client):
+    node = online_node(client, inventory=False)
+    last_claim(app, "liveness", 2)  # no gap: the scheduler ran until the database failed it
+    age_lease(app, node["node_id"], 500)
+    hearing = scheduler.Hearing()
+    hearing.ran.add("liveness")
+    hearing.failed.add("liveness")  # its last attempt failed (the database was down)
+    run_sweep(app, "liveness", hearing)
+    assert statuses(app) == {node["node_id"]: "online"}
+    assert "liveness" not in hearing.failed
+
+    # The next tick, with the database answering all along, holds on (the hold is in the row) ...
+    run_sweep(app, "liveness", hearing)
+    assert statuses(app) == {node["node_id"]: "online"}
+    # ... and a scheduler that ran without a gap or a failure holds nothing new.
+    last_claim(app, "liveness", 1)
+    run_sweep(app, "liveness", hearing)
+    assert statuses(app) == {node["node_id"]: "offline"}
+
+
+def test_a_new_database_and_a_running_scheduler_hold_nothing(app, client):
+    node = online_node(client, inventory=False)
+    age_lease(app, node["node_id"], 500)
+    run_sweep(app, "liveness")  # the sweep's first claim ever: nothing to hold
+    assert statuses(app) == {node["node_id"]: "offline"}
+
+
+def test_a_lease_that_lapsed_while_the_control_plane_was_down_is_not_requeued(app, client):
+    from app.models import Job
+    from tests.support import ACQUIRE
+    from tests.support.jobs import add_job, add_root, claim
+
+    node = online_node(client, capabilities=[ACQUIRE])
+    job = add_job(client, node["id"], add_root(client, node["id"]).get_json()["id"])
+    claim(client, node)
+    with app.app_context():
+        db.session.execute(sa.update(Job).values(lease_expires_at=utcnow() - timedelta(seconds=30)))
+        db.session.commit()
+    last_claim(app, "job-leases", 300)
+    run_sweep(app, "job-leases")
+    view = client.get(f"/api/v1/admin/jobs/{job['id']}", headers=ADMIN).get_json()
+    assert (view["state"], view["attempt"]) == ("running", 1)  # its agent may still be running it
+    with app.app_context():
+        hold = liveness.hearing_hold_seconds(settings(app))
+        assert queue.sweep_expired_leases(now=utcnow() + timedelta(seconds=hold + 1)) == {
+            "requeued": 1, "failed": 0, "cancelled": 0,
+        }  # fmt: skip

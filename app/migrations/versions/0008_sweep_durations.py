@@ -17,6 +17,11 @@ depends_on = None
 
 
 def upgrade():
+    # A database made by the first edition of 0001 has no sweep_ticks; 0011 creates it whole, with
+    # these columns (issue 22). The only edit ever made to an applied migration; see
+    # tests/unit/test_migrations.py.
+    if 'sweep_ticks' not in sa.inspect(op.get_bind()).get_table_names():
+        return
     with op.batch_alter_table('sweep_ticks', schema=None) as batch_op:
         batch_op.add_column(sa.Column('last_duration_seconds', sa.Float(), nullable=True))
         batch_op.add_column(sa.Column('last_finished_at', sa.DateTime(timezone=True), nullable=True))
