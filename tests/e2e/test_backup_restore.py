@@ -97,7 +97,7 @@ def install_credential(agent, server: GunicornServer) -> None:
     rotated = requests.post(
         f"{server.url}/api/v1/admin/nodes/{agent.node_id()}/credential/rotate", headers=ADMIN, timeout=10
     )
-    assert rotated.status_code == 200, rotated.text
+    assert rotated.status_code == 201, rotated.text
     assert agent.process.wait(timeout=30) == 5  # the running agent is refused and stops
     modelforge_node_agent.write_private_file(agent.state_dir / "node-credential", rotated.json()["credential"])
 
@@ -121,7 +121,7 @@ def restored_url(database_url):
 def test_backup_while_agents_heartbeat_then_restore_and_they_carry_on(database_url, restored_url, tmp_path):
     sqlite = database_url.startswith("sqlite")
     server = GunicornServer(database_url, tmp_path, workers=2, MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1")
-    server.start()
+    server.start(timeout=60)
     steady, _ = nvidia_agent(tmp_path, server, fake_nvml_scenario(STEADY_GPU), name="steady")
     rotated, _ = nvidia_agent(tmp_path, server, fake_nvml_scenario(ROTATED_GPU), name="rotated")
     try:
@@ -180,7 +180,7 @@ def test_backup_while_agents_heartbeat_then_restore_and_they_carry_on(database_u
             assert rows <= after[kind], f"{kind}: {len(rows - after[kind])} acknowledged rows lost"
 
         server.env.update(restore_env)
-        server.start()  # the same address: the agents never change their URL
+        server.start(timeout=60)  # the same address: the agents never change their URL
         restarted_at = node(server, steady.node_id())["last_heartbeat_at"]
 
         # The steady agent carries on with its credential, its identity and its history.
@@ -204,7 +204,7 @@ def test_backup_while_agents_heartbeat_then_restore_and_they_carry_on(database_u
         rotate = requests.post(
             f"{server.url}/api/v1/admin/nodes/{rotated.node_id()}/credential/rotate", headers=ADMIN, timeout=10
         )
-        assert rotate.status_code == 200
+        assert rotate.status_code == 201
         modelforge_node_agent.write_private_file(rotated.state_dir / "node-credential", rotate.json()["credential"])
         rotated.start()
         beat_after(server, rotated.node_id(), restarted_at, timeout=60)
