@@ -7,7 +7,7 @@ from typing import NamedTuple
 from flask import current_app
 
 from app.api import bodies, bp, json_response, operations, replies
-from app.api.auth import NODE_SCHEME, bearer_credential
+from app.api.auth import NODE_SCHEME, authenticate_publisher, bearer_credential
 from app.api.errors import ApiError, error_response
 from app.api.validation import invalid, json_object
 from app.config import current_settings, normalize_origin
@@ -80,7 +80,7 @@ def agent_request(model: type[bodies.Body]) -> AgentRequest:
     versions, answer = versions_of(data)
     refuse_if_incompatible(versions, answer)
     body = bodies.parse(model, data)
-    return AgentRequest(versions, answer, body, publishing.authenticate(bearer_credential()))
+    return AgentRequest(versions, answer, body, authenticate_publisher(body))
 
 
 @bp.errorhandler(rate_limits.NodeRateLimited)

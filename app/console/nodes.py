@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import timedelta
 
+import sqlalchemy as sa
 from flask import abort, current_app, redirect, render_template, request, url_for
 
 from app import acceptance, audit, nodes
@@ -18,7 +19,7 @@ from app.console.jobs import node_work_context
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import db
-from app.models import NodeLease
+from app.models import Credential, Node, NodeLease
 from app.models.telemetry import METRICS
 from app.nodes import readiness, telemetry_history
 from app.timeutil import utcnow
@@ -53,6 +54,26 @@ def _matches(row: nodes.NodeSummary, status: str, needle: str) -> bool:
     return True
 
 
+def credential_refusals(node_ids: list[str] | None = None) -> dict[str, object]:
+    """Nodes whose agent presented an unknown credential since their last accepted heartbeat and
+    since their current credential was made: after a restore, the agent exits 5 and stays down
+    until the operator rotates or re-enrols (app.api.auth.note_refused_credential). Node → when."""
+    query = (
+        sa.select(Node.id, Node.credential_refused_at, NodeLease.last_heartbeat_at, sa.func.max(Credential.created_at))
+        .outerjoin(NodeLease, NodeLease.node_id == Node.id)
+        .outerjoin(Credential, sa.and_(Credential.node_id == Node.id, Credential.revoked_at.is_(None)))
+        .where(Node.credential_refused_at.is_not(None))
+        .group_by(Node.id, Node.credential_refused_at, NodeLease.last_heartbeat_at)
+    )
+    if node_ids is not None:
+        query = query.where(Node.id.in_(node_ids))
+    return {
+        node_id: refused_at
+        for node_id, refused_at, beat_at, issued_at in db.session.execute(query)
+        if all(moment is None or refused_at > moment for moment in (beat_at, issued_at))
+    }
+
+
 @bp.get("/hardware/nodes")
 @login_required
 def nodes_page():
@@ -80,6 +101,7 @@ def nodes_page():
         error=error,
         # V1: every shown node's verdict in one batch, never one checklist per row.
         validated=acceptance.verdicts([row.id for row in shown]),
+        refused_credentials=credential_refusals(),
         active="nodes",
     ), (400 if error else 200)
 
@@ -100,6 +122,7 @@ def _live_context(node_id: str) -> dict[str, object]:
         "agent_reported_at": lease.last_seen_at if lease else None,
         "readiness": readiness.for_node(node_id, current_settings()),
         "timeline": audit.events(node_id=node_id, limit=TIMELINE_LENGTH),
+        "credential_refused_at": credential_refusals([node_id]).get(node_id),
     }
 
 

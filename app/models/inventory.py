@@ -29,7 +29,7 @@ class Gpu(db.Model):
 
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     node_id: Mapped[str] = mapped_column(sa.ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
-    uuid: Mapped[str] = mapped_column(sa.String(96))
+    uuid: Mapped[str] = mapped_column(sa.String(96), index=True)  # app.api.auth.note_refused_credential
     name: Mapped[str | None] = mapped_column(sa.String(200))
     memory_total_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
     driver_version: Mapped[str | None] = mapped_column(sa.String(64))

@@ -28,6 +28,10 @@ class Node(db.Model):
     disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     enrolled_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The last time (at most one write a minute) an agent reporting this node's GPUs presented a
+    # credential this control plane does not know: after a restore, one re-enrolled or rotated
+    # since the backup (app.api.auth.note_refused_credential; the secret itself is never kept).
+    credential_refused_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class NodeLease(db.Model):
