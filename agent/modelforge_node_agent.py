@@ -68,6 +68,7 @@ BACKOFF_MAX_SECONDS = 16.0
 INVENTORY_CHECK_SECONDS = 60.0
 INVENTORY_MAX_AGE_SECONDS = 3600.0
 RETRY_AFTER_MAX_SECONDS = 3600  # A2: the longest Retry-After the agent honours as given
+SERVER_WORDS_MAX = 600  # the most of a refusal's message and next step one log line carries
 # Example hosts from our docs: an agent pointed at one was never configured.
 PLACEHOLDER_HOSTS = ("modelforge.example", "example.com", "example.internal")
 
@@ -836,6 +837,15 @@ class PublishError(Exception):
         if self.status is not None:
             return f"HTTP {self.status} {self.code or 'ERROR'} on {self.method} {self.path}"
         return f"{self.kind} on {self.method} {self.path}"
+
+    def server_says(self) -> str:
+        """The error's `message` and `next_step` as the control plane wrote them (issue 22: "check
+        the node's clock" reaches the log), one line, bounded; empty when the reply had none. The
+        control plane's error shape never carries a secret or the request's body (P5)."""
+        details = as_dict(self.reply.get("error"))
+        words = [details.get(name) for name in ("message", "next_step")]
+        text = " ".join(word.strip() for word in words if isinstance(word, str) and word.strip())
+        return " ".join(text.split())[:SERVER_WORDS_MAX]
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -1634,6 +1644,7 @@ class JobRunner:
         self._progress = Progress()
         self._lock = threading.Lock()
         self.failure: JobFailure | None = None  # how the attempt failed, once it has
+        self.retry_after = 0.0  # a 429's Retry-After, waited before the next report when longer than the interval
         self.thread = threading.Thread(target=self.run, name=f"job-{job.id}", daemon=True)
 
     def start(self) -> JobRunner:
@@ -1685,7 +1696,7 @@ class JobRunner:
                 "retryable" if failure.retryable else "not retryable",
             )
             self.deliver("fail", lambda: self.client.fail(job, failure))
-        elif result is not None and self.send_progress():
+        elif result is not None and self.send_progress(final=True):
             log.info("%s succeeded: %s", job.describe(), result_summary(job.type, result))
             self.deliver("complete", lambda: self.client.complete(job, result))
 
@@ -1699,16 +1710,23 @@ class JobRunner:
 
     def report_progress_loop(self) -> None:
         """Every progress interval until the job ends: report, and stop the job if told to."""
-        while not self.finished.wait(self.job.progress_interval):
+        while not self.finished.wait(max(self.job.progress_interval, self.retry_after)):
+            self.retry_after = 0.0
             if self.shutdown.is_set():
                 self.control.abandon("the agent is stopping")
                 return
             if not self.send_progress():
                 return  # the lease is lost: no report of this attempt is ever sent again
 
-    def send_progress(self) -> bool:
+    def send_progress(self, final: bool = False) -> bool:
         """One progress report; False once the lease is lost. An unreachable control plane is
-        only logged: the job goes on and the next interval tries again (the lease may lapse)."""
+        only logged: the job goes on and the next interval tries again (the lease may lapse).
+
+        A 429 (issue 22: the control plane bounds progress per node at half the interval it named)
+        is not a failure either: the next report waits Retry-After if that is longer than the
+        interval, and the final report before `complete`, which may come moments after the last
+        one, waits it once and is sent again.
+        """
         try:
             reply = self.client.progress(self.job, self.latest_progress())
         except LeaseLost as lost:
@@ -1716,6 +1734,14 @@ class JobRunner:
             self.control.abandon("lease lost")
             return False
         except PublishError as error:
+            if error.status == 429:
+                delay = min(error.retry_after or self.job.progress_interval, self.job.progress_interval)
+                if final:
+                    log.info("%s (retry after %gs); the final progress report waits", error.describe(), delay)
+                    return self.shutdown.wait(delay) or self.send_progress()
+                self.retry_after = delay
+                log.info("%s (retry after %gs); the job goes on", error.describe(), delay)
+                return True
             log.warning("%s; the job goes on, next report in %gs", error.describe(), self.job.progress_interval)
             return True
         if reply.get("cancel_requested") is True and not self.control.cancelled.is_set():
@@ -1737,7 +1763,13 @@ class JobRunner:
                 return
             except PublishError as error:
                 if error.status is not None and error.status < 500:
-                    log.error("%s: %s; the %s report was refused", self.job.describe(), error.describe(), what)
+                    log.error(
+                        "%s: %s; the %s report was refused. %s",
+                        self.job.describe(),
+                        error.describe(),
+                        what,
+                        error.server_says(),
+                    )
                     return
                 delay = backoff.next_delay()
                 if time.monotonic() + delay > deadline:
@@ -1786,6 +1818,7 @@ class Agent:
         self.jobs_waiting = 0
         self.claim_due = True  # J2: one claim right after start-up, in case a job waits already
         self.runner: JobRunner | None = None
+        self.heartbeat_sent_at: float | None = None  # monotonic; the schedule's reference point (issue 22)
 
     def versions(self) -> dict[str, object]:
         """The version fields every request carries (A1)."""
@@ -1882,6 +1915,11 @@ class Agent:
                     compat.get("action", "Upgrade the agent or the control plane."),
                 )
             self.backoff.hold_at_max()
+        elif f"refused-{error.status}-{error.code}" not in self.said_once:
+            # Issue 22: what the control plane says about the refusal (a 400's field and rule, its
+            # "check the node's clock"), once per kind of refusal until a publication is accepted.
+            self.said_once.add(f"refused-{error.status}-{error.code}")
+            log.warning("%s: the control plane says: %s", error.describe(), error.server_says() or "nothing more")
         self.wait_after(error)
 
     def wait_retry_after(self, error: PublishError) -> None:
@@ -1967,9 +2005,10 @@ class Agent:
                 # The server refused this inventory (too large, a field it rejects): say so, keep
                 # beating, and try again at the next inventory check.
                 log.warning(
-                    "%s: inventory refused; heartbeats continue, retrying in %gs",
+                    "%s: inventory refused; heartbeats continue, retrying in %gs. %s",
                     error.describe(),
                     INVENTORY_CHECK_SECONDS,
+                    error.server_says(),
                 )
                 return
             # Not delivered: mark it due, so it goes out first once the control plane answers.
@@ -2005,12 +2044,27 @@ class Agent:
         now = time.monotonic()
         roots = self.storage_roots.heartbeat_fields(now)
         body = {**self.versions(), "health": self.health(failures), "telemetry": samples, **roots}
+        self.heartbeat_sent_at = time.monotonic()
         reply = self.client.post("/api/v1/agent/heartbeat", body)
+        self.note_clock(as_dict(reply.get("clock_warning")))
         self.storage_roots.delivered(roots, now)
         self.storage_roots.take_reply(reply)
         self.take_interval(reply)
         waiting = reply.get("jobs_waiting")
         self.jobs_waiting = waiting if isinstance(waiting, int) and not isinstance(waiting, bool) else 0
+
+    def note_clock(self, warning: dict[str, object]) -> None:
+        """Issue 22: the control plane dropped readings this node dated too far ahead (or its
+        telemetry came in too old): say what it said, once until a heartbeat comes back without it."""
+        if not warning:
+            self.said_once.discard("clock")
+            return
+        if "clock" not in self.said_once:
+            self.said_once.add("clock")
+            words = " ".join(str(warning.get(name, "")) for name in ("message", "next_step"))
+            log.warning(
+                "the control plane says about this node's clock: %s", " ".join(words.split())[:SERVER_WORDS_MAX]
+            )
 
     def maybe_claim(self) -> None:
         """Claim a job after start-up, after a job ends, and whenever a heartbeat says one waits
@@ -2030,8 +2084,8 @@ class Agent:
         try:
             reply = self.jobs.claim(self.capabilities)
         except PublishError as error:
-            if error.status is None or error.status >= 500:
-                self.claim_due = True
+            if error.status is None or error.status >= 500 or error.status == 429:
+                self.claim_due = True  # a 429 (issue 22) too: the next heartbeat is at least Retry-After away
                 log.warning("%s: no job claimed; trying again after the next heartbeat", error.describe())
             elif f"claim-{error.status}" not in self.said_once:
                 self.said_once.add(f"claim-{error.status}")
@@ -2076,7 +2130,7 @@ class Agent:
             self.enroll(node_id)
 
     def run(self, once: bool = False) -> int:
-        """Enrol if needed, then publish on a drift-free monotonic schedule until stopped."""
+        """Enrol if needed, then publish on a monotonic schedule, one interval from each beat's send, until stopped."""
         self.start()
         try:
             return self.loop(once)
@@ -2100,11 +2154,15 @@ class Agent:
                 log.info("publishing again after %d failed attempt(s)", self.backoff.attempt)
                 self.backoff.reset()
             self.said_once.discard("rate-limited")  # the next 429 is a new episode, logged again
+            self.said_once -= {said for said in self.said_once if said.startswith("refused-")}
             if once:
                 return EXIT_OK
             self.maybe_claim()
-            # Drift-free: the next beat is scheduled from the last one, not from "now".
-            next_beat += self.interval
+            # The next beat is due one interval after this one was SENT, the moment nearest to when
+            # the control plane accepted it, which is where its per-node rate measures from
+            # (app/nodes/rate_limits.py, issue 22): a slow start (worker probe, inventory) before the
+            # send no longer makes the next beat come too soon. A slow reply does not delay it.
+            next_beat = max(next_beat, self.heartbeat_sent_at or next_beat) + self.interval
             delay = next_beat - time.monotonic()
             if delay < 0:
                 next_beat, delay = time.monotonic(), 0

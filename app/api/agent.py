@@ -178,6 +178,8 @@ def heartbeat():
         publisher, versions, body.health.status, body.health.detail, samples, observations, body.storage_roots_etag
     )
     roots = {} if beat.storage_roots is None else {"storage_roots": beat.storage_roots}
+    if beat.clock_warning is not None:  # issue 22: readings dropped or stale; the agent logs the words
+        roots["clock_warning"] = beat.clock_warning.to_dict()
     return _reply(
         answer,
         status="accepted",

@@ -295,12 +295,25 @@ class RootToWatch(Reply):
     min_free_bytes: int
 
 
+class ClockWarning(Reply):
+    """Issue 22: readings dated too far ahead were dropped (the heartbeat still counted), or the
+    telemetry came in older than the freshness window; `offset_seconds` is positive ahead."""
+
+    dropped_samples: Count
+    dropped_observations: Count
+    offset_seconds: float
+    message: str
+    next_step: str
+
+
 class HeartbeatAccepted(Accepted):
-    """A2: recorded; `storage_roots` only when the agent's etag is out of date (J1)."""
+    """A2: recorded; `storage_roots` only when the agent's etag is out of date (J1); `clock_warning`
+    only when the node's clock cost readings (issue 22)."""
 
     jobs_waiting: Count
     storage_roots_etag: str = None
     storage_roots: list[RootToWatch] = None
+    clock_warning: ClockWarning = None
 
 
 # --- Storage roots, jobs, artifacts, runtime results (J1–J3, W2) ---

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from app import audit, tokens
 from app.acceptance import checklist as acceptance
+from app.config import current_settings
 from app.db import begin_read_only, insert_ignoring_duplicates
 from app.errors import DomainError
 from app.extensions import db
@@ -177,8 +178,12 @@ def sample_rows(connection: sa.Connection, node_id: str, samples: list[dict[str,
     return rows
 
 
-def authenticate(secret: str) -> Publisher:
-    """Find the node for a bearer credential by its indexed hash — never a scan (P2, I5, I6)."""
+def authenticate(secret: str, *, first_use: bool = True) -> Publisher:
+    """Find the node for a bearer credential by its indexed hash — never a scan (P2, I5, I6).
+
+    `first_use=False` writes nothing (a reader's check before a large body is read, issue 22): the
+    request's own authentication after it records the first use.
+    """
     row = db.session.connection().execute(_AUTHENTICATE, {"digest": tokens.digest(secret)}).one_or_none()
     # The index found the row; compare_digest keeps the final check constant-time.
     if row is None or not tokens.same_digest(row.token_hash, secret):
@@ -187,7 +192,7 @@ def authenticate(secret: str) -> Publisher:
             "The node credential is not known to this control plane.",
             "Check /data/state/node-credential on the node, or re-enrol it with a new token.",
         )
-    if row.revoked_at is None and row.first_used_at is None:
+    if first_use and row.revoked_at is None and row.first_used_at is None:
         row = _mark_first_use(row, secret)
     if row.revoked_at is not None:
         raise DomainError(
@@ -237,6 +242,90 @@ class Versions:
         }
 
 
+# Issue 22, P3: a reading (telemetry sample, storage-root observation) dated further ahead of the
+# control plane's clock than this is dropped, not stored (it would stay the "latest" one until the
+# real time caught up), and never refuses the heartbeat that carries it: a node whose clock runs
+# ahead stays online, and is told why its readings are missing (the reply, its health detail, the log).
+MAX_CLOCK_AHEAD = timedelta(minutes=10)
+# Cut the note's agent part so the whole fits the health_detail column (app/models/node.py).
+_HEALTH_DETAIL_LENGTH = 1000
+
+
+@dataclass(frozen=True)
+class ClockWarning:
+    """What the node's clock cost this heartbeat: readings dropped as dated ahead, or readings that
+    came in older than the freshness window (a clock behind: stored, but never a fresh /metrics series)."""
+
+    dropped_samples: int
+    dropped_observations: int
+    offset_seconds: float  # the furthest reading from now: positive ahead, negative behind
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_samples + self.dropped_observations
+
+    def message(self) -> str:
+        minutes = abs(self.offset_seconds) / 60
+        if self.dropped:
+            return (
+                f"dropped {self.dropped} reading(s) dated up to {minutes:.0f} min ahead of the control plane's "
+                f"clock (more than {MAX_CLOCK_AHEAD.seconds // 60} min is not believed)"
+            )
+        return (
+            f"telemetry dated {minutes:.0f} min behind the control plane's clock: stored, but too old for a "
+            "fresh /metrics series"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "dropped_samples": self.dropped_samples,
+            "dropped_observations": self.dropped_observations,
+            "offset_seconds": round(self.offset_seconds, 3),
+            "message": self.message() + ".",
+            "next_step": "Check the node's clock (NTP, chrony or systemd-timesyncd); the liveness still counts.",
+        }
+
+
+def _dated(
+    samples: list[dict[str, object]], observations: list[storage.Observation], now: datetime, fresh: timedelta
+) -> tuple[list[dict[str, object]], list[storage.Observation], ClockWarning | None]:
+    """The readings the control plane can date, and what the node's clock cost (None: nothing)."""
+    latest = now + MAX_CLOCK_AHEAD
+    kept = [sample for sample in samples if sample["sampled_at"] <= latest]
+    seen = [observation for observation in observations if observation.observed_at <= latest]
+    if len(kept) < len(samples) or len(seen) < len(observations):
+        ahead = max([sample["sampled_at"] for sample in samples] + [each.observed_at for each in observations])
+        warning = ClockWarning(len(samples) - len(kept), len(observations) - len(seen), (ahead - now).total_seconds())
+        return kept, seen, warning
+    newest = max((sample["sampled_at"] for sample in samples), default=None)
+    if newest is not None and newest < now - fresh:
+        return kept, seen, ClockWarning(0, 0, (newest - now).total_seconds())
+    return kept, seen, None
+
+
+def _with_note(detail: str | None, warning: ClockWarning) -> str:
+    """The agent's health detail with the control plane's word on the dropped readings (shown on the node)."""
+    note = f"control plane: {warning.message()}; check the node's clock"
+    if not detail:
+        return note
+    room = _HEALTH_DETAIL_LENGTH - len(note) - 3
+    return f"{detail[:room]} · {note}"
+
+
+def _note_clock(node_id: str, warning: ClockWarning) -> None:
+    """One log line per node per minute per worker, with the count since the last one (as _note_ignored)."""
+    key = f"clock:{node_id}"
+    logged_count, logged_at = _ignored_samples.get(key, (0, 0.0))
+    total, now = logged_count + warning.dropped, time.monotonic()
+    if now - logged_at < _IGNORED_LOG_SECONDS:
+        _ignored_samples[key] = (total, logged_at)
+        return
+    _ignored_samples[key] = (0, now)
+    logger.warning(
+        "node %s: %s (%d dropped since the last such line); its clock needs checking", node_id, warning.message(), total
+    )
+
+
 @dataclass(frozen=True)
 class BeatReply:
     """What a heartbeat's reply tells the agent beyond liveness (J1, J2)."""
@@ -244,6 +333,7 @@ class BeatReply:
     jobs_waiting: int
     storage_roots_etag: str
     storage_roots: list[dict[str, object]] | None  # only when the agent's copy is out of date
+    clock_warning: ClockWarning | None = None  # issue 22: readings the node's clock cost
 
 
 def record_heartbeat(
@@ -262,6 +352,11 @@ def record_heartbeat(
     sooner than app.nodes.rate_limits allows takes it too, and is refused there with 429 (A2, P5).
     """
     now = utcnow()
+    fresh = timedelta(seconds=current_settings().node_stale_after_seconds)
+    samples, observations, clock = _dated(samples, list(observations), now, fresh)
+    if clock is not None and clock.dropped:
+        health_detail = _with_note(health_detail, clock)
+        _note_clock(publisher.node_id, clock)
     connection = db.session.connection()
     beat = {
         "lease_node_id": publisher.node_id,
@@ -311,7 +406,7 @@ def record_heartbeat(
     if lease.capabilities and sqlite:
         begin_read_only()
         waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities)
-    return BeatReply(jobs_waiting=waiting, storage_roots_etag=etag, storage_roots=roots)
+    return BeatReply(jobs_waiting=waiting, storage_roots_etag=etag, storage_roots=roots, clock_warning=clock)
 
 
 def note_versions(node_id: str, versions: Versions) -> None:

@@ -1,11 +1,16 @@
-"""A hostile node through the real server (gunicorn): it cannot grow its GPUs or break the node list."""
+"""A hostile or misconfigured node through the real server (gunicorn): it cannot grow its GPUs or break the node
+list, and a clock far ahead costs it its readings, never its liveness (issue 22)."""
 
 from __future__ import annotations
 
+import glob
+
+import pytest
 import requests
 
 from app.api import bodies
 from tests.support import ADMIN, factories
+from tests.support.agent import FAKE_RTX_4080, fake_nvml_scenario, nvidia_agent
 from tests.support.bodies import RAW_INVENTORIES, new_uuid, strict_json
 
 
@@ -37,3 +42,26 @@ def test_a_hostile_node_over_http_cannot_grow_its_gpus_or_break_the_node_list(se
     (described,) = strict_json(listed.text)["nodes"]
     assert [gpu["uuid"] for gpu in described["gpus"]] == [factories.gpu()["uuid"]]
     assert described["inventory"]["memory_total_bytes"] == 64 * 2**30
+
+
+def _libfaketime() -> str:
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
+    if not found:
+        pytest.skip("libfaketime is not installed (Debian package faketime; .ci/run installs it)")
+    return found[0]
+
+
+def test_an_agent_whose_clock_runs_15_minutes_ahead_comes_online_and_is_told_to_check_it(server, tmp_path):
+    """Issue 22 item 13, the real agent under libfaketime: its samples are dropped, its liveness kept,
+    and the control plane's words reach its log and the node's page."""
+    running, _ = nvidia_agent(tmp_path, server, fake_nvml_scenario(FAKE_RTX_4080))
+    running.env.update(LD_PRELOAD=_libfaketime(), FAKETIME="+15m", FAKETIME_DONT_FAKE_MONOTONIC="1")
+    assert running.run("--once", timeout=60) == 0, running.log()
+    assert (
+        "the control plane says about this node's clock: dropped 1 reading(s) dated up to 15 min ahead" in running.log()
+    )
+    assert "Check the node's clock" in running.log()
+    described = requests.get(f"{server.url}/api/v1/hardware/nodes/{running.node_id()}", headers=ADMIN, timeout=10)
+    assert described.json()["status"] == "online"
+    assert described.json()["telemetry"] == []  # nothing stored with a time the control plane cannot believe
+    assert "check the node's clock" in described.json()["health"]["detail"]

@@ -11,8 +11,8 @@ import pytest
 import requests
 import sqlalchemy as sa
 
-from app.models import AuditEvent, TelemetrySample
-from tests.support import ADMIN, factories
+from app.models import AuditEvent, Job, TelemetrySample
+from tests.support import ACQUIRE, ADMIN, factories
 from tests.support.gunicorn import GunicornServer
 
 BURST = 20
@@ -31,6 +31,8 @@ def rated_server(database_url, tmp_path):
         tmp_path,
         workers=2,
         MODELFORGE_HEARTBEAT_INTERVAL_SECONDS=str(INTERVAL),
+        # A 12 s lease: claims name a 4 s progress interval, so progress too is spaced 2 s.
+        MODELFORGE_JOB_LEASE_SECONDS=str(3 * INTERVAL),
         MODELFORGE_NODE_RATE_LIMIT="on",
     )
     running.start()
@@ -160,3 +162,88 @@ def test_an_accepted_inventory_lets_the_next_heartbeat_through_once(rated_server
     assert post(rated_server, "inventory", factories.inventory_body(), node).status_code == 200  # restart
     assert beat(rated_server, node, now + timedelta(seconds=2)).status_code == 200
     assert_rate_limited(beat(rated_server, node, now + timedelta(seconds=3)))
+
+
+def running_job(server, auth: dict[str, str]) -> dict[str, object]:
+    """A node that advertises acquire jobs, has one queued, and claims it: the claim reply's job."""
+    assert post(server, "inventory", factories.inventory_body(), auth).status_code == 200
+    beat_reply = beat(server, auth, datetime.now(UTC))
+    assert beat_reply.status_code == 200, beat_reply.text
+    node_id = beat_reply.json()["node_id"]
+    root = {"name": "models", "host_path": "/mnt/m", "container_path": "/data/artifacts/m", "min_free_bytes": 0}
+    made = requests.post(
+        f"{server.url}/api/v1/admin/nodes/{node_id}/storage-roots", json=root, headers=ADMIN, timeout=10
+    )
+    assert made.status_code == 201, made.text
+    job = {
+        "type": ACQUIRE,
+        "node_id": node_id,
+        "params": {"repo_id": "owner/tiny", "storage_root_id": made.json()["id"]},
+    }
+    assert requests.post(f"{server.url}/api/v1/admin/jobs", json=job, headers=ADMIN, timeout=10).status_code == 201
+    claimed = post(server, "jobs/claim", {**factories.versions(), "capabilities": [ACQUIRE]}, auth)
+    assert claimed.status_code == 200, claimed.text
+    return claimed.json()["job"]
+
+
+def stored_progress(database_url: str, job_id: str) -> dict | None:
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            return connection.execute(sa.select(Job.progress).where(Job.id == job_id)).scalar()
+    finally:
+        engine.dispose()
+
+
+def test_a_burst_of_progress_reports_is_refused_after_the_first_and_stores_nothing(rated_server, database_url):
+    """Issue 22 item 6: 1,500 progress writes in 41 s were all 200. Spaced like heartbeats, by the
+    progress interval the claim named (half of it), and the claim itself counts as a renewal."""
+    node = enrolled(rated_server)
+    job = running_job(rated_server, node)
+    assert job["progress_interval_seconds"] == 2 * SPACING
+
+    def report(files_done: int) -> requests.Response:
+        body = {
+            **factories.versions(),
+            "attempt": job["attempt"],
+            "progress": {"bytes_done": 0, "files_done": files_done},
+        }
+        return post(rated_server, f"jobs/{job['id']}/progress", body, node)
+
+    assert_rate_limited(report(1))  # the claim renewed the lease a moment ago
+    time.sleep(SPACING)
+    sent_at = time.monotonic()
+    first = report(2)
+    assert first.status_code == 200, first.text
+    retry_after = max(assert_rate_limited(reply) for reply in burst(lambda i: report(3 + i), sent_at))
+    assert stored_progress(database_url, job["id"])["files_done"] == 2  # the refused reports wrote nothing
+
+    time.sleep(retry_after)
+    again = report(100)
+    assert again.status_code == 200, again.text
+    assert stored_progress(database_url, job["id"])["files_done"] == 100
+    # A report the fence refuses is refused by the fence, not the rate: 409 as before.
+    stale = {**factories.versions(), "attempt": job["attempt"] + 1, "progress": {"bytes_done": 0, "files_done": 0}}
+    assert post(rated_server, f"jobs/{job['id']}/progress", stale, node).status_code == 409
+
+
+def test_claims_come_once_per_heartbeat_or_half_an_interval_apart(rated_server):
+    """A claim right after each accepted heartbeat (the agent's cadence) is accepted however soon;
+    a burst of claims is refused after the first with Retry-After, and another node is unaffected."""
+    node, other = enrolled(rated_server), enrolled(rated_server)
+    for auth in (node, other):
+        assert post(rated_server, "inventory", factories.inventory_body(), auth).status_code == 200
+        assert beat(rated_server, auth, datetime.now(UTC)).status_code == 200
+    body = {**factories.versions(), "capabilities": [ACQUIRE]}
+    sent_at = time.monotonic()
+    assert post(rated_server, "jobs/claim", body, node).status_code == 204  # first after the beat
+    retry_after = max(
+        assert_rate_limited(reply) for reply in burst(lambda i: post(rated_server, "jobs/claim", body, node), sent_at)
+    )
+    assert post(rated_server, "jobs/claim", body, other).status_code == 204
+
+    time.sleep(retry_after)
+    assert post(rated_server, "jobs/claim", body, node).status_code == 204
+    time.sleep(SPACING)  # the heartbeat's own spacing, then a beat: the claim after it is free again
+    assert beat(rated_server, node, datetime.now(UTC)).status_code == 200
+    assert post(rated_server, "jobs/claim", body, node).status_code == 204

@@ -76,7 +76,6 @@ WRONG_HEARTBEATS = [
     ({"telemetry": [factories.sample(power_w=10**400)]}, "telemetry[0].power_w"),
     ({"telemetry": [factories.sample(sampled_at="0001-01-01T00:00:00+01:00")]}, "telemetry[0].sampled_at"),
     ({"telemetry": [factories.sample(sampled_at="9999-12-31T23:59:59-01:00")]}, "telemetry[0].sampled_at"),
-    ({"telemetry": [factories.sample(sampled_at="2999-01-01T00:00:00Z")]}, "telemetry[0].sampled_at"),
     ({"telemetry": [factories.sample(sampled_at="1999-12-31T23:59:59Z")]}, "telemetry[0].sampled_at"),
     ({"health": {"status": "ok", "detail": "\ud800"}}, "health.detail"),
     # Issue 15: bidi controls in agent text would reorder the server's timestamps on the node page.

@@ -7,22 +7,29 @@ any of this was checked, and change audits that flood the log.
 
 from __future__ import annotations
 
+import json
 import logging
+import random
+import uuid
+from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
 
 from app import audit
 from app.api import bodies
-from app.api.validation import MAX_JSON_DEPTH
+from app.api.validation import MAX_JSON_DEPTH, too_deep
 from app.console.forms import parse_labels
 from app.extensions import db
+from app.jobs import runtime
 from app.models import AuditEvent, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
 from app.nodes import publishing
 from app.timeutil import utcnow
-from tests.support import ADMIN, factories
+from tests.support import ADMIN, EVERY_TYPE, GENERATE, factories
 from tests.support.bodies import RAW_INVENTORIES, new_uuid, strict_json
 from tests.support.console import sign_in
+from tests.support.nodes import agent, online_node
+from tests.support.runtime import acquired_artifact, create, generate_result, worker
 
 INVENTORY = "/api/v1/agent/inventory"
 HEARTBEAT = "/api/v1/agent/heartbeat"
@@ -260,3 +267,141 @@ def test_a_change_after_the_window_is_a_new_event(app, client, node):
 
 
 # --------------------------------------------------------------------------- through the real server
+
+
+# --------------------------------------------------------------------------- depth, linear (issue 22 item 3)
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _random_json(rng: random.Random, depth: int):
+    """Nested lists and objects whose strings hold brackets, quotes and backslashes; one child of
+    each container goes on to `depth`, its siblings stay shallow (a few hundred values in all)."""
+    leaves = ["[", "]", "{", '"', "\\", '\\"', "\\\\[", "a}b", "", 7, None, True]
+    if depth <= 0:
+        return rng.choice(leaves)
+    siblings = [rng.choice(leaves + [[], {}, [[rng.choice(leaves)]]]) for _ in range(rng.randint(0, 3))]
+    siblings.insert(rng.randint(0, len(siblings)), _random_json(rng, depth - 1))
+    if rng.random() < 0.5:
+        return siblings
+    return {rng.choice(["k", "[", '"]', "\\"]) + str(i): value for i, value in enumerate(siblings)}
+
+
+def test_the_depth_check_agrees_with_the_parser_on_every_body():
+    """The linear check is exact: for any well-formed JSON, deeper than the limit or not as parsed."""
+    rng = random.Random(22)
+    for _ in range(3000):
+        value = _random_json(rng, rng.randint(MAX_JSON_DEPTH - 3, MAX_JSON_DEPTH + 2))
+        raw = json.dumps(value).encode()
+        assert too_deep(raw) == (_depth(value) > MAX_JSON_DEPTH), raw[:200]
+    chains = b"[" + b",".join([b"[" * 31 + b"]" * 31] * 1000) + b"]"  # 32 deep: allowed, slowest to shrink
+    assert not too_deep(chains) and too_deep(b"[" + chains + b"]")
+
+
+# --------------------------------------------------------------------------- the complete route (issue 22 item 3)
+
+
+def complete_url(job_id: str) -> str:
+    return f"/api/v1/agent/jobs/{job_id}/complete"
+
+
+def test_an_unauthenticated_complete_is_refused_before_its_body_is_read(client, node):
+    """4 MiB of JSON that is not even valid: refused 401 for the credential, never 400 for the body."""
+    not_json = b'{"result": ' + b"[" * (runtime.MAX_COMPLETE_BYTES - 64)
+    for headers, code in (({}, "CREDENTIAL_REQUIRED"), (factories.bearer("mfn_" + "x" * 43), "CREDENTIAL_INVALID")):
+        response = client.post(
+            complete_url(str(uuid.uuid4())), data=not_json, headers={"Content-Type": "application/json", **headers}
+        )
+        assert response.status_code == 401, response.get_data(as_text=True)[:300]
+        assert response.get_json()["error"]["code"] == code
+
+
+def test_a_node_that_does_not_run_the_job_keeps_the_general_body_limit(app, client, node):
+    padded = {**factories.versions(), "attempt": 1, "result": {"pad": "x" * app.config["MAX_CONTENT_LENGTH"]}}
+    response = client.post(complete_url(str(uuid.uuid4())), json=padded, headers=node["auth"])
+    assert response.status_code == 413, response.get_data(as_text=True)[:300]
+    assert response.get_json()["error"]["code"] == "REQUEST_TOO_LARGE"
+    small = {**factories.versions(), "attempt": 1, "result": {"pad": "x"}}
+    fenced = client.post(complete_url(str(uuid.uuid4())), json=small, headers=node["auth"])
+    assert fenced.status_code == 409 and fenced.get_json()["error"]["code"] == "JOB_LEASE_LOST"
+
+
+def test_the_node_that_runs_the_job_completes_it_with_a_result_over_the_general_limit(app, client):
+    node = online_node(client, capabilities=EVERY_TYPE, runtime_worker=worker())
+    artifact = acquired_artifact(client, node)
+    prompts = [f"Prompt {i}" for i in range(runtime.MAX_PROMPTS)]
+    params = {"artifact_id": artifact["id"], "model_file": "tiny.gguf", "prompts": prompts}
+    job = create(client, GENERATE, node["id"], params).get_json()
+    assert agent(client, node, "jobs/claim", capabilities=EVERY_TYPE).get_json()["job"]["id"] == job["id"]
+    long_text = "y" * (runtime.MAX_OUTPUT_LENGTH - 1)
+    outputs = [
+        {"prompt": prompt, "text": long_text, "prompt_tokens": 3, "completion_tokens": 16, "finish_reason": "length"}
+        for prompt in prompts
+    ]
+    result = generate_result(artifact["id"], outputs=outputs)
+    assert len(json.dumps(result)) > 3 * app.config["MAX_CONTENT_LENGTH"]
+    done = agent(client, node, f"jobs/{job['id']}/complete", attempt=1, result=result)
+    assert done.status_code == 200, done.get_data(as_text=True)[:300]
+    assert done.get_json()["job"]["state"] == "succeeded"
+
+
+# --------------------------------------------------------------------------- a node's clock (issue 22 item 13)
+
+
+def rfc3339(moment) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+def test_readings_dated_ahead_are_dropped_counted_and_shown_and_the_heartbeat_counts(app, client):
+    node = online_node(client, inventory=True)  # one GPU (factories.gpu()), online
+    with app.app_context():
+        db.session.execute(sa.update(NodeLease).values(status="offline"))
+        db.session.commit()
+        before = count(TelemetrySample)
+    ahead = rfc3339(utcnow() + timedelta(minutes=15))
+    samples = [factories.sample(sampled_at=ahead), factories.sample()]
+    observation = {"id": str(uuid.uuid4()), "exists": True, "writable": True, "free_bytes": 1, "total_bytes": 2}
+    body = factories.heartbeat_body(samples, storage_roots=[{**observation, "observed_at": ahead}])
+    response = client.post(HEARTBEAT, json=body, headers=node["auth"])
+    assert response.status_code == 200, response.get_data(as_text=True)
+    warning = response.get_json()["clock_warning"]
+    assert (warning["dropped_samples"], warning["dropped_observations"]) == (1, 1)
+    assert 14 * 60 < warning["offset_seconds"] < 16 * 60
+    assert "check the node's clock" in warning["next_step"].lower()
+    with app.app_context():
+        assert count(TelemetrySample) == before + 1  # the one the control plane could date
+        assert db.session.get(NodeLease, node["id"]).status == "online"  # liveness kept
+    described = client.get(f"/api/v1/hardware/nodes/{node['id']}", headers=ADMIN).get_json()
+    assert described["status"] == "online"
+    assert "dropped 2 reading(s)" in described["health"]["detail"]
+    assert "check the node's clock" in described["health"]["detail"]
+    sign_in(client)
+    page = client.get(f"/hardware/nodes/{node['id']}").get_data(as_text=True)
+    assert "dropped 2 reading(s)" in page and "check the node&#39;s clock" in page
+
+    again = client.post(HEARTBEAT, json=factories.heartbeat_body([factories.sample()]), headers=node["auth"])
+    assert "clock_warning" not in again.get_json()  # a clock put right: no warning, the note goes
+    described = client.get(f"/api/v1/hardware/nodes/{node['id']}", headers=ADMIN).get_json()
+    assert "clock" not in described["health"]["detail"]
+
+
+def test_telemetry_from_a_clock_behind_is_stored_and_the_reply_says_why_it_is_not_fresh(app, client):
+    node = online_node(client, inventory=True)
+    with app.app_context():
+        before = count(TelemetrySample)
+    behind = rfc3339(utcnow() - timedelta(minutes=15))
+    response = client.post(
+        HEARTBEAT, json=factories.heartbeat_body([factories.sample(sampled_at=behind)]), headers=node["auth"]
+    )
+    assert response.status_code == 200, response.get_data(as_text=True)
+    warning = response.get_json()["clock_warning"]
+    assert warning["dropped_samples"] == 0 and -16 * 60 < warning["offset_seconds"] < -14 * 60
+    assert "behind" in warning["message"] and "/metrics" in warning["message"]
+    with app.app_context():
+        assert count(TelemetrySample) == before + 1
