@@ -206,6 +206,8 @@ _NEXT_STEPS = {
     "ARTIFACT_NOT_FOUND": "Acquire the model onto the node first; its artifacts are listed on the node page.",
     "ARTIFACT_NOT_ON_NODE": "Pick one of this node's artifacts, or acquire the model onto this node first.",
     "WORKER_BUSY": "The runtime worker is running another job; this one is retried when it is free.",
+    "RUNTIME_ENGINE_CRASHED": "llama.cpp died running this model (the message names the signal); the worker "
+    "kept serving. The file is likely malformed: pick another model_file, or acquire the model again.",
 }
 
 
