@@ -1067,21 +1067,20 @@ class Job:
             self._steps_done += 1
 
     def attach(self, engine: EngineProcess) -> None:
-        """The job's engine process, which a cancel kills; killed at once if one came already."""
+        """The job's engine process, started, which a cancel kills; killed at once if one came
+        already (cancel() and attach() hold the lock, so one of them sees the other)."""
         with self._lock:
             self._engine = engine
-            cancelled = self._cancel_reason is not None
-        if cancelled:
-            engine.kill()
+            if self._cancel_reason is not None:
+                engine.kill()
 
     def cancel(self, reason: str = "the job was cancelled") -> None:
         """Stop the job: its engine process is killed, the job thread ends it `cancelled`."""
         with self._lock:
             if self._cancel_reason is None:
                 self._cancel_reason = reason
-            engine = self._engine
-        if engine is not None:
-            engine.kill()
+            if self._engine is not None:
+                self._engine.kill()
 
     def check(self) -> None:
         """Raise Cancelled if the job was asked to stop."""
@@ -1260,7 +1259,6 @@ class Worker:
         """Run the job's engine process to its last word, every wait on it with a deadline; its
         `done` event, or JobFailed / Cancelled. The process is gone when this returns."""
         child = EngineProcess(f"job {job.id}: engine process", self.config.artifact_dir)
-        job.attach(child)
         job.check()
         started = time.monotonic()
         ready = False
@@ -1272,6 +1270,7 @@ class Worker:
                 child.start(request)
             except OSError as error:
                 raise JobFailed(WORKER_INTERNAL_ERROR, f"the engine process cannot start ({error})", True) from None
+            job.attach(child)  # from now on a cancel kills it (one that came already just did)
             log.info("job %s: engine process %d started", job.id, child.pid)
             while True:
                 if not ready:

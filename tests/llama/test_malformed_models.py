@@ -189,6 +189,17 @@ def test_cancel_kills_the_engine_process_within_a_second(worker):
     assert_serves(worker)
 
 
+def test_a_cancel_while_the_engine_process_starts_lands_within_a_second(worker):
+    code, status = worker.submit(GENERATE, params("tiny.gguf", GENERATE, **LONG_GENERATE))
+    assert code == 202, status
+    asked = time.monotonic()
+    code, answer = worker.call("POST", f"/v1/jobs/{status['id']}/cancel")  # still importing llama.cpp
+    assert (code, answer["state"], answer["phase"]) == (200, "cancelled", "loading"), answer
+    assert time.monotonic() - asked < 1.5
+    wait_for(lambda: not engine_pids(worker), 5, "no engine process left")
+    assert_serves(worker)
+
+
 def test_a_frozen_engine_process_is_killed_after_its_silence_deadline(worker):
     job_id, pid = running_engine(worker)
     os.kill(pid, signal.SIGSTOP)
