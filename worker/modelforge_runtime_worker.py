@@ -1274,13 +1274,14 @@ class Worker:
             log.info("job %s: engine process %d started", job.id, child.pid)
             while True:
                 if not ready:
-                    deadline, doing = started + ENGINE_START_SECONDS, "starting"
+                    deadline, doing, allowed = started + ENGINE_START_SECONDS, "starting", ENGINE_START_SECONDS
                 elif job.phase == "loading":
-                    deadline, doing = loading_until, "loading the model"
+                    deadline, doing, allowed = loading_until, "loading the model", MODEL_LOAD_SECONDS
                 else:
-                    deadline, doing = started + JOB_SECONDS, "running the job"
-                abandoned_at = job.last_asked + self.config.abandon_seconds
-                wake = min(deadline, heard + ENGINE_SILENCE_SECONDS, abandoned_at)
+                    deadline, doing, allowed = started + JOB_SECONDS, "the job", JOB_SECONDS
+                # It beats once ready; its import (CUDA's libraries: a long dlopen) has the start deadline.
+                silent_at = heard + ENGINE_SILENCE_SECONDS if ready else deadline
+                wake = min(deadline, silent_at, job.last_asked + self.config.abandon_seconds)
                 try:
                     event = child.next_event(wake - time.monotonic())
                 except queue.Empty:
@@ -1296,8 +1297,8 @@ class Worker:
                 kind = event.get("event")
                 if kind == "quiet":
                     if now >= deadline:
-                        raise self._killed(job, child, ready, f"did not finish {doing} within {deadline - started:g} s")
-                    if now >= heard + ENGINE_SILENCE_SECONDS:
+                        raise self._killed(job, child, ready, f"did not finish {doing} within {allowed:g} s")
+                    if now >= silent_at:
                         raise self._killed(job, child, ready, f"went silent for {ENGINE_SILENCE_SECONDS:g} s")
                     continue
                 heard = now

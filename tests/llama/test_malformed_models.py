@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import wait_until
 from tests.support.tiny_gguf import MALFORMED, write_tiny_llama
-from tests.support.worker import WorkerProcess, answers, short_socket_dir
+from tests.support.worker import WorkerProcess, answers, gone, short_socket_dir
 
 BENCHMARK = "runtime.benchmark.v1"
 GENERATE = "runtime.generate.v1"
@@ -84,30 +85,6 @@ def assert_serves(worker: WorkerProcess) -> None:
     assert status["result"]["outputs"][0]["completion_tokens"] == 4
 
 
-def engine_pids(worker: WorkerProcess) -> list[int]:
-    """The worker's child processes (its engine process while a job runs)."""
-    pids = []
-    for task in Path(f"/proc/{worker.process.pid}/task").iterdir():
-        pids += [int(pid) for pid in (task / "children").read_text().split()]
-    return pids
-
-
-def gone(pid: int) -> bool:
-    """Whether a process no longer runs (a zombie counts as gone: it holds no memory)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
-        time.sleep(0.05)
-    return value
-
-
 # --------------------------------------------------------------------------- every malformed model
 
 
@@ -161,7 +138,7 @@ def running_engine(worker: WorkerProcess, phase: str = "prompts") -> tuple[str, 
     code, status = worker.submit(GENERATE, params("tiny.gguf", GENERATE, **LONG_GENERATE))
     assert code == 202, status
     worker.wait_until(status["id"], lambda current: current["phase"] == phase)
-    (pid,) = engine_pids(worker)
+    (pid,) = worker.children()
     return status["id"], pid
 
 
@@ -183,7 +160,7 @@ def test_cancel_kills_the_engine_process_within_a_second(worker):
     asked = time.monotonic()
     code, answer = worker.call("POST", f"/v1/jobs/{job_id}/cancel")
     assert code == 200 and answer["state"] == "cancelled", answer
-    wait_for(lambda: gone(pid), 1.0, "the engine process's end")
+    wait_until(lambda: gone(pid), "the engine process's end", timeout=1.0)
     assert time.monotonic() - asked < 1.5
     assert answer["error"]["code"] == "JOB_CANCELLED"
     assert_serves(worker)
@@ -196,7 +173,7 @@ def test_a_cancel_while_the_engine_process_starts_lands_within_a_second(worker):
     code, answer = worker.call("POST", f"/v1/jobs/{status['id']}/cancel")  # still importing llama.cpp
     assert (code, answer["state"], answer["phase"]) == (200, "cancelled", "loading"), answer
     assert time.monotonic() - asked < 1.5
-    wait_for(lambda: not engine_pids(worker), 5, "no engine process left")
+    wait_until(lambda: not worker.children(), "no engine process left", timeout=5)
     assert_serves(worker)
 
 
@@ -210,7 +187,7 @@ def test_a_frozen_engine_process_is_killed_after_its_silence_deadline(worker):
             os.kill(pid, signal.SIGKILL)
     assert (status["state"], status["error"]["code"]) == ("failed", "RUNTIME_ENGINE_CRASHED"), status
     assert "went silent for 15 s" in status["error"]["message"]
-    wait_for(lambda: gone(pid), 10, "the frozen engine process's end")
+    wait_until(lambda: gone(pid), "the frozen engine process's end", timeout=10)
     assert_serves(worker)
 
 
@@ -223,8 +200,8 @@ def test_a_job_nobody_asks_about_is_cancelled_and_its_engine_process_killed(arti
         code, status = quick.submit(GENERATE, params("tiny.gguf", GENERATE, **LONG_GENERATE))
         assert code == 202, status
         time.sleep(1.0)  # the engine process has started
-        (pid,) = engine_pids(quick)
-        wait_for(lambda: gone(pid), 30, "the abandoned job's engine process's end")  # nobody asks meanwhile
+        (pid,) = quick.children()
+        wait_until(lambda: gone(pid), "the abandoned job's engine process's end", timeout=30)  # nobody asks meanwhile
         code, status = quick.call("GET", f"/v1/jobs/{status['id']}")
         assert (code, status["state"], status["error"]["code"]) == (200, "cancelled", "JOB_CANCELLED"), status
         assert "nobody asked about it for 3 s" in status["error"]["message"]
@@ -239,7 +216,7 @@ def test_a_killed_worker_leaves_no_engine_process_behind(artifacts, tmp_path):
     try:
         job_id, pid = running_engine(doomed)
         doomed.kill()  # SIGKILL: no goodbye to its engine process
-        wait_for(lambda: gone(pid), 10, "the orphaned engine process's end")
+        wait_until(lambda: gone(pid), "the orphaned engine process's end", timeout=10)
     finally:
         doomed.stop(signal.SIGKILL)
         shutil.rmtree(directory, ignore_errors=True)
