@@ -122,6 +122,7 @@ RUNTIME_ENGINE_CRASHED = "RUNTIME_ENGINE_CRASHED"  # the engine process died (or
 JOB_CANCELLED = "JOB_CANCELLED"
 
 GGUF_MAGIC = b"GGUF"
+GGML_BASE_LIBRARY = "libggml-base.so.0"  # ggml's core as llama-cpp-python 0.3.36 ships it (ggml_abort)
 # ggml log levels (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the last line).
 GGML_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 GGML_LOG_CONT = 5
@@ -342,10 +343,11 @@ class Engine:
         """Hand ggml's abort message (a failed GGML_ASSERT) to `report` before it aborts the
         process; without this it goes to stderr, which llama-cpp-python points at /dev/null while a
         model loads. For the engine process: the worker hears why it died."""
-        llama_cpp = self.module()
+        self.module()  # loads ggml; RTLD_NOLOAD takes that copy, never another one on the system
         try:
-            setter = llama_cpp.llama_cpp._lib.ggml_set_abort_callback
-        except AttributeError:  # an older ggml: the message goes to stderr as before
+            setter = ctypes.CDLL(GGML_BASE_LIBRARY, mode=os.RTLD_NOLOAD | os.RTLD_NOW).ggml_set_abort_callback
+        except (OSError, AttributeError) as error:  # another build or an older ggml: stderr as before
+            log.warning("ggml's abort messages stay on stderr: %s", error)
             return
         prototype = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
         setter.argtypes, setter.restype = [prototype], ctypes.c_void_p
