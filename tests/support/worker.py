@@ -164,7 +164,10 @@ class WorkerProcess:
         """The pids of the worker's child processes: its engine process while a job runs."""
         pids = []
         for task in Path(f"/proc/{self.process.pid}/task").iterdir():
-            pids += [int(pid) for pid in (task / "children").read_text().split()]
+            try:
+                pids += [int(pid) for pid in (task / "children").read_text().split()]
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
         return pids
 
     def rss_bytes(self) -> int:
