@@ -44,7 +44,12 @@ from modelforge_node_agent import (
     whole_number,
 )
 
-MODEL_FILE_INVALID = "MODEL_FILE_INVALID"  # J2: this family's own error code
+MODEL_FILE_INVALID = "MODEL_FILE_INVALID"  # J2: this family's own error codes
+MODEL_LOAD_FAILED = "MODEL_LOAD_FAILED"  # the worker's: llama.cpp refused the file, or died loading it
+RUNTIME_ENGINE_CRASHED = "RUNTIME_ENGINE_CRASHED"  # the worker's: its engine process died running the job
+# The same file fails the same way on every attempt (issue 22: a model that crashes the engine
+# crashed it again on each retry), so these are never retried, whatever a worker says.
+NEVER_RETRIED = frozenset({MODEL_FILE_INVALID, MODEL_LOAD_FAILED, RUNTIME_ENGINE_CRASHED})
 WORKER_JOB_STATES = ("running", "succeeded", "failed", "cancelled")
 WORKER_POLL_SECONDS = 0.25
 WORKER_POLL_TIMEOUTS = 3  # this many timed-out polls in a row: the worker is gone
@@ -277,7 +282,7 @@ class RuntimeRun:
                     retryable=True,
                 )
             message = short_text(error.get("message"), 1000) or "the runtime worker gave no message"
-            raise JobFailure(code, message, retryable=error.get("retryable") is True)
+            raise JobFailure(code, message, retryable=error.get("retryable") is True and code not in NEVER_RETRIED)
         self.control.check()  # cancelled here: JOB_CANCELLED
         raise JobFailure(
             RUNTIME_WORKER_UNAVAILABLE,
@@ -319,7 +324,8 @@ class RuntimeRun:
             return JobFailure(JOB_PARAMS_INVALID, message, retryable=False)
         if error.code is None:
             return JobFailure(RUNTIME_WORKER_UNAVAILABLE, f"the runtime worker answered {error.reason}", retryable=True)
-        return JobFailure(error.code, error.message or error.reason, retryable=error.retryable or error.status >= 500)
+        retryable = (error.retryable or error.status >= 500) and error.code not in NEVER_RETRIED
+        return JobFailure(error.code, error.message or error.reason, retryable=retryable)
 
 
 def run_runtime_job(

@@ -7,8 +7,12 @@ at temperature 0 with a fixed seed. Standard library + llama-cpp-python; llama_c
 only when a job runs or the engine is asked about, and pynvml only when the accelerator mode
 allows a GPU, so an idle worker stays small.
 
-Sections: constants, configuration, NVML, engine, model files, job requests, measurement, jobs,
-socket server, command line.
+The worker never loads a model itself: each job runs in an engine process it starts, watches
+(every wait on it has a deadline) and kills when the job is cancelled, abandoned or overdue, so a
+model that crashes llama.cpp fails its job and the worker keeps serving (issue 22).
+
+Sections: constants, configuration, NVML, engine, model files, job requests, measurement, engine
+process, jobs, socket server, command line.
 
     python3 -m modelforge_runtime_worker [--check] [--version]
 
@@ -21,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import gc
+import dataclasses
 import importlib
 import importlib.util
 import json
 import logging
 import os
+import queue
 import random
 import re
 import signal
@@ -34,11 +39,12 @@ import socket
 import socketserver
 import stat
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path, PurePosixPath
@@ -52,6 +58,7 @@ PROTOCOL_VERSION = 1
 EXIT_OK = 0
 EXIT_CONFIG = 2
 EXIT_UNAVAILABLE = 3
+EXIT_ENGINE_ORPHANED = 4  # the engine process's own: the worker that started it is gone
 
 DEFAULT_SOCKET = "/run/modelforge/worker.sock"
 DEFAULT_ARTIFACT_DIR = "/data/artifacts"
@@ -64,7 +71,20 @@ CONNECTION_IDLE_SECONDS = 60.0  # a kept-alive connection with no request for th
 STALE_PROBE_SECONDS = 1.0
 CANCEL_REPLY_WAIT_SECONDS = 1.0  # the cancel reply waits this long for the job to have stopped
 STOP_WAIT_SECONDS = 5.0  # how long SIGTERM waits for a cancelled job to free its model
-SAMPLE_INTERVAL_SECONDS = 0.05  # peak RSS / GPU memory sampling during a job
+SAMPLE_INTERVAL_SECONDS = 0.05  # peak GPU memory sampling during a job
+
+# The engine process, one per job (see "engine process" below), and every wait on it.
+ENGINE_MODULE = "modelforge_runtime_worker"  # started as `python3 -m` this module, as the worker is
+ENGINE_START_SECONDS = 60.0  # from spawn to `ready` (llama.cpp imported; CUDA's libraries are big)
+ENGINE_BEAT_SECONDS = 1.0  # it says `alive` this often …
+ENGINE_SILENCE_SECONDS = 15.0  # … and is killed as frozen after this long without a word
+MODEL_LOAD_SECONDS = 900.0  # loading the model (tens of GB from a slow disk)
+JOB_SECONDS = 6 * 3600.0  # the whole job, whatever its params
+ENGINE_EXIT_SECONDS = 5.0  # after its last word it exits within this; after SIGKILL it is reaped within this
+ENGINE_LAST_WORDS = 4  # lines of its stdout/stderr kept for a crash's error message
+ENGINE_LINE_CHARS = 500
+DEFAULT_ABANDON_SECONDS = 120.0  # a running job nobody asks about this long is cancelled (the agent polls 4/s)
+ABANDON_SECONDS_RANGE = (1.0, 86400.0)
 UBATCH_TOKENS = 512  # llama-bench's default n_ubatch: pp512 is one micro-batch, longer prompts several
 
 ENGINE_NAME = "llama.cpp"
@@ -96,11 +116,13 @@ WORKER_JOB_UNKNOWN = "WORKER_JOB_UNKNOWN"
 WORKER_BUSY = "WORKER_BUSY"
 WORKER_INTERNAL_ERROR = "WORKER_INTERNAL_ERROR"
 MODEL_FILE_INVALID = "MODEL_FILE_INVALID"
-MODEL_LOAD_FAILED = "MODEL_LOAD_FAILED"
-RUNTIME_FAILED = "RUNTIME_FAILED"
+MODEL_LOAD_FAILED = "MODEL_LOAD_FAILED"  # the model did not load: llama.cpp refused it, or died of it
+RUNTIME_FAILED = "RUNTIME_FAILED"  # llama.cpp reported an error while running the job
+RUNTIME_ENGINE_CRASHED = "RUNTIME_ENGINE_CRASHED"  # the engine process died (or froze) while running it
 JOB_CANCELLED = "JOB_CANCELLED"
 
 GGUF_MAGIC = b"GGUF"
+GGML_BASE_LIBRARY = "libggml-base.so.0"  # ggml's core as llama-cpp-python 0.3.36 ships it (ggml_abort)
 # ggml log levels (ggml.h): NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the last line).
 GGML_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 GGML_LOG_CONT = 5
@@ -125,6 +147,7 @@ class Config:
     socket_path: Path
     artifact_dir: Path
     accelerator_mode: str
+    abandon_seconds: float = DEFAULT_ABANDON_SECONDS
 
 
 def _socket_path(env: dict[str, str]) -> Path:
@@ -151,6 +174,21 @@ def _artifact_dir(env: dict[str, str]) -> Path:
     return path
 
 
+def _abandon_seconds(env: dict[str, str]) -> float:
+    """MODELFORGE_WORKER_ABANDON_SECONDS: a running job nobody asks about this long is cancelled."""
+    value = env.get("MODELFORGE_WORKER_ABANDON_SECONDS", "").strip()
+    if not value:
+        return DEFAULT_ABANDON_SECONDS
+    low, high = ABANDON_SECONDS_RANGE
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not low <= seconds <= high:
+        raise ConfigError(f"MODELFORGE_WORKER_ABANDON_SECONDS must be a number of seconds from {low:g} to {high:g}")
+    return seconds
+
+
 def load_config(env: dict[str, str]) -> Config:
     """Read and check every setting, or raise ConfigError naming the first bad one."""
     mode = env.get("MODELFORGE_WORKER_ACCELERATOR_MODE", "").strip().lower() or "auto"
@@ -158,7 +196,12 @@ def load_config(env: dict[str, str]) -> Config:
         raise ConfigError(
             f"MODELFORGE_WORKER_ACCELERATOR_MODE must be one of {', '.join(ACCELERATOR_MODES)}, not {mode!r}"
         )
-    return Config(socket_path=_socket_path(env), artifact_dir=_artifact_dir(env), accelerator_mode=mode)
+    return Config(
+        socket_path=_socket_path(env),
+        artifact_dir=_artifact_dir(env),
+        accelerator_mode=mode,
+        abandon_seconds=_abandon_seconds(env),
+    )
 
 
 # --------------------------------------------------------------------------- NVML
@@ -262,6 +305,7 @@ class Engine:
         self._lock = threading.Lock()
         self._module = None
         self._log_callback = None  # kept referenced: llama.cpp calls it for the life of the process
+        self._abort_callback = None  # the same
         self._last_level = logging.INFO
         self._info: dict | None = None
         self.first_error: str | None = None  # llama.cpp's first error line since clear_errors()
@@ -294,6 +338,21 @@ class Engine:
     def clear_errors(self) -> None:
         """Forget llama.cpp's earlier error lines (one job at a time: the next ones are its own)."""
         self.first_error = None
+
+    def report_aborts(self, report: Callable[[str], None]) -> None:
+        """Hand ggml's abort message (a failed GGML_ASSERT) to `report` before it aborts the
+        process; without this it goes to stderr, which llama-cpp-python points at /dev/null while a
+        model loads. For the engine process: the worker hears why it died."""
+        self.module()  # loads ggml; RTLD_NOLOAD takes that copy, never another one on the system
+        try:
+            setter = ctypes.CDLL(GGML_BASE_LIBRARY, mode=os.RTLD_NOLOAD | os.RTLD_NOW).ggml_set_abort_callback
+        except (OSError, AttributeError) as error:  # another build or an older ggml: stderr as before
+            log.warning("ggml's abort messages stay on stderr: %s", error)
+            return
+        prototype = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+        setter.argtypes, setter.restype = [prototype], ctypes.c_void_p
+        self._abort_callback = prototype(lambda message: report((message or b"").decode("utf-8", "replace")))
+        setter(self._abort_callback)
 
     def info(self) -> dict:
         """The engine as /v1/info and results name it."""
@@ -477,59 +536,17 @@ def parse_job_request(body: object) -> JobRequest:
 
 
 class Cancelled(Exception):
-    """The job was cancelled; it stops where it is and frees the model."""
+    """The job was cancelled (or abandoned): its engine process is killed, which frees the model."""
+
+    def __init__(self, message: str = "the job was cancelled") -> None:
+        super().__init__(message)
+        self.message = message
 
 
-class CancelFlag:
-    """A job's cancel flag, checked between token evaluations and, through llama.cpp's abort
-    callback, between the graph nodes of one batch, so a long prompt batch stops within
-    milliseconds on the CPU (a GPU batch is short anyway).
-
-    The callback is a call from C into Python per graph node; for single-token decodes, where the
-    flag is checked between tokens anyway, the benchmark leaves it off (`abortable`) so that it
-    does not weigh on the generation figures.
-    """
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._abort_callback = None  # kept referenced while llama.cpp may call it
-
-    def set(self) -> None:
-        """Ask the job to stop."""
-        self._event.set()
-
-    def is_set(self) -> bool:
-        """Whether the job was asked to stop."""
-        return self._event.is_set()
-
-    def check(self) -> None:
-        """Raise Cancelled if the job was asked to stop."""
-        if self._event.is_set():
-            raise Cancelled
-
-    def attach(self, llama_cpp, llm) -> None:
-        """Let llama.cpp abort a batch in progress when the flag is set, until detach()."""
-        self._abort_callback = llama_cpp.ggml_abort_callback(lambda _data: self._event.is_set())
-        llama_cpp.llama_set_abort_callback(llm.ctx, self._abort_callback, None)
-
-    def detach(self, llama_cpp, llm) -> None:
-        """No abort callback: llama.cpp runs each batch to its end."""
-        llama_cpp.llama_set_abort_callback(llm.ctx, llama_cpp.ggml_abort_callback(), None)
-
-    @contextmanager
-    def abortable(self, llama_cpp, llm) -> Iterator[None]:
-        """The abort callback on for the block's batches only."""
-        self.attach(llama_cpp, llm)
-        try:
-            yield
-        finally:
-            self.detach(llama_cpp, llm)
-
-
-def _read_status_bytes(field: str) -> int | None:
-    """A `VmRSS`/`VmHWM`-style line of /proc/self/status, in bytes."""
+def _read_status_bytes(field: str, pid: int | str = "self") -> int | None:
+    """A `VmRSS`/`VmHWM`-style line of /proc/<pid>/status, in bytes."""
     try:
-        with open("/proc/self/status", encoding="ascii") as status:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
             for line in status:
                 if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
@@ -538,63 +555,37 @@ def _read_status_bytes(field: str) -> int | None:
     return None
 
 
-class PeakMemory:
-    """The job's peak resident set and GPU memory in use.
-
-    RSS: the kernel's high-water mark VmHWM, reset at the start (writing 5 to clear_refs), with
-    sampling as the fallback where the reset is not allowed. GPU: NVML sampled every 50 ms,
-    device memory in use summed over the job's GPUs (None when the job uses none).
-    """
+class GpuPeak:
+    """The job's peak GPU memory in use: NVML sampled every 50 ms by the worker while the engine
+    process runs, summed over the job's GPUs (None when the job uses none, never invented)."""
 
     def __init__(self, nvml: Nvml | None, uses_gpu: bool) -> None:
         self._nvml = nvml if uses_gpu else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._hwm_reset = False
-        self._rss_peak = 0
-        self._gpu_peak: int | None = None
+        self.peak_bytes: int | None = None
 
-    def __enter__(self) -> PeakMemory:
-        try:
-            with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
-                clear_refs.write("5")
-            self._hwm_reset = True
-        except OSError as error:
-            log.debug("VmHWM reset not allowed (%s); sampling RSS instead", error.strerror)
-        self._sample()
-        self._thread = threading.Thread(target=self._run, name="peak-memory", daemon=True)
-        self._thread.start()
+    def __enter__(self) -> GpuPeak:
+        if self._nvml is not None:
+            self._sample()
+            self._thread = threading.Thread(target=self._run, name="gpu-peak", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *_exc) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._sample()
+            self._sample()
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_INTERVAL_SECONDS):
             self._sample()
 
     def _sample(self) -> None:
-        rss = _read_status_bytes("VmRSS")
-        if rss is not None:
-            self._rss_peak = max(self._rss_peak, rss)
-        if self._nvml is not None:
-            used = self._nvml.memory_used_bytes()
-            if used is not None:
-                self._gpu_peak = used if self._gpu_peak is None else max(self._gpu_peak, used)
-
-    @property
-    def peak_rss_bytes(self) -> int:
-        """The highest resident set seen during the job."""
-        hwm = _read_status_bytes("VmHWM") if self._hwm_reset else None
-        return max(self._rss_peak, hwm or 0)
-
-    @property
-    def peak_gpu_memory_bytes(self) -> int | None:
-        """The highest GPU memory in use during the job; None without a GPU or a reading."""
-        return self._gpu_peak
+        used = self._nvml.memory_used_bytes()
+        if used is not None:
+            self.peak_bytes = used if self.peak_bytes is None else max(self.peak_bytes, used)
 
 
 def spread(samples: list[float]) -> dict:
@@ -626,7 +617,6 @@ def measure_benchmark(
     repetitions: int,
     *,
     step: Callable[[str], None] = lambda phase: None,
-    cancel: CancelFlag | None = None,
 ) -> dict:
     """Measure a loaded model as llama-bench does (W2); the procedure, figure by figure:
 
@@ -638,22 +628,16 @@ def measure_benchmark(
     - time to first token: clear, evaluate a fresh prompt of `prompt_tokens`, pick the first
       token (greedy), seconds.
 
-    `step(phase)` is called as each piece ends, naming the phase that starts (`done` last). With
-    a `cancel` flag, a set flag raises Cancelled between evals and aborts a prompt batch midway.
+    `step(phase)` is called as each piece ends, naming the phase that starts (`done` last). A
+    cancel kills the engine process this runs in, so nothing here needs to look for one.
     """
     rng = random.Random(SEED)
     synchronize = llama_cpp.llama_synchronize
-    check = cancel.check if cancel is not None else lambda: None
-
-    def batch() -> AbstractContextManager:
-        return cancel.abortable(llama_cpp, llm) if cancel is not None else nullcontext()
 
     def prompt_run(tokens: list[int]) -> float:
-        check()
         llm.reset()  # the next eval removes every cached position: a clear KV cache
         start = time.perf_counter()
-        with batch():
-            llm.eval(tokens)
+        llm.eval(tokens)
         synchronize(llm.ctx)
         return time.perf_counter() - start
 
@@ -661,7 +645,6 @@ def measure_benchmark(
         llm.reset()
         start = time.perf_counter()
         for token in tokens:
-            check()
             llm.eval([token])
         synchronize(llm.ctx)
         return time.perf_counter() - start
@@ -682,11 +665,9 @@ def measure_benchmark(
         step("generate" if run < repetitions else "first-token")
 
     fresh = benchmark_tokens(llm, prompt_tokens, rng)
-    check()
     llm.reset()
     start = time.perf_counter()
-    with batch():
-        llm.eval(fresh)
+    llm.eval(fresh)
     llm.sample(temp=0.0)
     first_token_seconds = time.perf_counter() - start
     llm.reset()
@@ -696,18 +677,6 @@ def measure_benchmark(
         "generate_tokens_per_second": spread(generate_rates),
         "time_to_first_token_seconds": round(first_token_seconds, 6),
     }
-
-
-# --------------------------------------------------------------------------- jobs
-
-
-def release_freed_memory() -> None:
-    """Hand the memory a finished job freed back to the OS; glibc would keep it, and idle RSS with it."""
-    try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to trim with
-        return
-    malloc_trim(0)
 
 
 class JobFailed(Exception):
@@ -720,13 +689,349 @@ class JobFailed(Exception):
         self.retryable = retryable
 
 
+# --------------------------------------------------------------------------- engine process
+#
+# llama.cpp runs in a child process of the worker, one per job (issue 22): a model that makes it
+# abort (a hostile vocabulary is enough: `std::out_of_range`, SIGABRT) takes that process down,
+# never the worker and its socket. The child is `python3 -m modelforge_runtime_worker
+# --engine-process FD`: the same file, so the two always speak the same version of this pipe
+# protocol. It needs nothing the worker's container does not allow (fork and exec, pipes; no
+# network, no capability, no writable file).
+#
+# - stdin, worker → engine: one JSON line, {"op": "job", "type", "params", "model_path",
+#   "n_gpu_layers"}. It stays open for the job's life: at its end of file (the worker is gone, even
+#   killed) the engine process exits at once, so it never holds a GPU for nobody.
+# - fd FD, engine → worker: JSON lines, one event each: {"event": "ready"} once llama.cpp is
+#   imported, {"event": "alive"} every second, {"event": "log", "level", "message"} (its log and
+#   llama.cpp's warnings), {"event": "step", "phase"} as the job moves on, {"event": "abort",
+#   "message"} when ggml is about to abort the process (a failed GGML_ASSERT), then the last word:
+#   {"event": "done", "result", "peak_rss_bytes"} or {"event": "failed", "code", "message",
+#   "retryable"}; then it exits.
+# - stdout and stderr: whatever else is written there (an abort's "terminate called after…"); the
+#   worker logs it and keeps the last lines for the error message.
+#
+# The worker ends it with SIGKILL (a cancel, an abandoned job, a deadline passed, the worker
+# stopping): that frees the model, its context and the GPU memory at once, wherever it was.
+
+
+class EngineChannel:
+    """The engine process's side of its events pipe; a write to a worker that is gone ends it."""
+
+    def __init__(self, fd: int) -> None:
+        self._stream = os.fdopen(fd, "wb", buffering=0)
+        self._lock = threading.Lock()
+
+    def send(self, event: str, **fields) -> None:
+        """One event, one line; written whole under the lock (threads share the pipe)."""
+        data = json.dumps({"event": event, **fields}).encode() + b"\n"
+        with self._lock:
+            try:
+                self._stream.write(data)
+            except OSError:  # EPIPE: nobody reads any more
+                os._exit(EXIT_ENGINE_ORPHANED)
+
+
+class ChannelLogHandler(logging.Handler):
+    """The engine process's log records, sent to the worker, which logs them as its own."""
+
+    def __init__(self, channel: EngineChannel) -> None:
+        super().__init__(logging.INFO)
+        self._channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._channel.send("log", level=record.levelno, message=self.format(record))
+
+
+def _exit_when_orphaned() -> None:
+    """Read stdin to its end of file (the worker closed it, or died), then exit at once."""
+    while sys.stdin.buffer.read(4096):
+        pass
+    os._exit(EXIT_ENGINE_ORPHANED)
+
+
+def _beat(channel: EngineChannel) -> None:
+    """Say `alive` every second: a frozen engine process goes quiet, and the worker kills it."""
+    while True:
+        time.sleep(ENGINE_BEAT_SECONDS)
+        channel.send("alive")
+
+
+def engine_process_main(fd: int) -> int:
+    """The engine process: read the job, run it in this process, send its last word, exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the worker, which decides
+    channel = EngineChannel(fd)
+    root = logging.getLogger()
+    root.addHandler(ChannelLogHandler(channel))
+    root.setLevel(logging.INFO)
+    try:
+        request = json.loads(sys.stdin.buffer.readline() or b"null")
+        if not isinstance(request, dict) or request.get("op") != "job":
+            raise ValueError(f"not a job request: {request!r:.200}")
+        engine = Engine()
+        llama_cpp = engine.module()
+        engine.report_aborts(lambda message: channel.send("abort", message=message))
+    except Exception as error:  # noqa: BLE001 - the worker hears why, whatever it is
+        channel.send("failed", code=WORKER_INTERNAL_ERROR, message=f"{type(error).__name__}: {error}", retryable=True)
+        return EXIT_UNAVAILABLE
+    threading.Thread(target=_exit_when_orphaned, name="orphan-watch", daemon=True).start()
+    threading.Thread(target=_beat, args=(channel,), name="beat", daemon=True).start()
+    channel.send("ready")
+    try:
+        result = run_engine_job(request, engine, llama_cpp, lambda phase: channel.send("step", phase=phase))
+    except JobFailed as failure:
+        channel.send("failed", code=failure.code, message=failure.message, retryable=failure.retryable)
+    except Exception as unexpected:  # noqa: BLE001 - the job's story always ends with a word
+        log.exception("unexpected error in the engine process")
+        message = f"{type(unexpected).__name__}: {unexpected}"
+        channel.send("failed", code=WORKER_INTERNAL_ERROR, message=message, retryable=True)
+    else:
+        # A fresh process: its high-water mark is the job's peak, model and context included.
+        peak = _read_status_bytes("VmHWM") or _read_status_bytes("VmRSS") or 0
+        channel.send("done", result=result, peak_rss_bytes=peak)
+    return EXIT_OK
+
+
+def run_engine_job(request: dict, engine: Engine, llama_cpp, step: Callable[[str], None]) -> dict:
+    """Load the model and run the job's procedure (in the engine process); its figures."""
+    fields = dict(request["params"])
+    if request["type"] == BENCHMARK_JOB_TYPE:
+        params: BenchmarkParams | GenerateParams = BenchmarkParams(**fields)
+        n_ctx = params.prompt_tokens + params.generate_tokens
+        n_batch = params.prompt_tokens  # the whole prompt in one llama_decode, as llama-bench
+    else:
+        params = GenerateParams(**{**fields, "prompts": tuple(fields["prompts"])})
+        # Every token holds at least one byte of its prompt; BOS and a margin on top.
+        n_ctx = max(len(prompt.encode()) for prompt in params.prompts) + 8 + params.max_tokens
+        n_batch = 512
+    model_path, gpu_layers = Path(request["model_path"]), request["n_gpu_layers"]
+    llm, load_seconds = load_model(engine, llama_cpp, model_path, gpu_layers, n_ctx, n_batch)
+    try:
+        if isinstance(params, BenchmarkParams):
+            step("warmup")
+            figures = benchmark(llm, llama_cpp, params, step)
+        else:
+            step("prompts")
+            figures = {"outputs": generate(llm, params, step)}
+    finally:
+        llm.close()  # frees the model and context now, whatever still refers to the object
+        del llm
+    return {"load_seconds": round(load_seconds, 6), **figures}
+
+
+def load_model(engine: Engine, llama_cpp, model_path: Path, gpu_layers: int, n_ctx: int, n_batch: int):
+    """Check the GGUF magic and load the model; anything wrong that llama.cpp reports (rather
+    than dies of) is MODEL_LOAD_FAILED with its reason."""
+    try:
+        with open(model_path, "rb") as model:
+            magic = model.read(len(GGUF_MAGIC))
+    except OSError as error:
+        raise JobFailed(MODEL_LOAD_FAILED, f"the model file cannot be read ({error.strerror})") from None
+    if magic != GGUF_MAGIC:
+        raise JobFailed(MODEL_LOAD_FAILED, f"not a GGUF file (starts with {magic!r}, not {GGUF_MAGIC!r})")
+    engine.clear_errors()
+    start = time.perf_counter()
+    try:
+        llm = llama_cpp.Llama(
+            model_path=str(model_path),
+            n_gpu_layers=gpu_layers,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_ubatch=min(n_batch, UBATCH_TOKENS),
+            seed=SEED,
+            verbose=False,
+        )
+    except (ValueError, RuntimeError, OSError) as error:
+        # llama.cpp's own reason (a tensor past the end of the file…) says more than the
+        # wrapper's "Failed to load model from file", which also names the worker's path.
+        reason = engine.first_error or type(error).__name__
+        raise JobFailed(MODEL_LOAD_FAILED, f"llama.cpp could not load the model: {reason}") from None
+    load_seconds = time.perf_counter() - start
+    log.info("model loaded in %.3f s (n_gpu_layers %d, n_ctx %d)", load_seconds, gpu_layers, n_ctx)
+    return llm, load_seconds
+
+
+def benchmark(llm, llama_cpp, params: BenchmarkParams, step: Callable[[str], None]) -> dict:
+    """runtime.benchmark.v1 on the loaded model."""
+    try:
+        return measure_benchmark(
+            llm, llama_cpp, params.prompt_tokens, params.generate_tokens, params.repetitions, step=step
+        )
+    except RuntimeError as error:  # llama_decode's non-zero return
+        raise JobFailed(RUNTIME_FAILED, f"llama.cpp failed during the benchmark: {error}") from None
+
+
+def generate(llm, params: GenerateParams, step: Callable[[str], None]) -> list[dict]:
+    """runtime.generate.v1: each prompt from a fresh state, greedy, fixed seed."""
+    outputs = []
+    for prompt in params.prompts:
+        llm.reset()  # fresh state: no prefix reuse, so results do not depend on prompt order
+        try:
+            completion = llm.create_completion(prompt, max_tokens=params.max_tokens, temperature=0.0, seed=SEED)
+        except (RuntimeError, ValueError) as error:
+            raise JobFailed(RUNTIME_FAILED, f"llama.cpp failed on a prompt: {error}") from None
+        choice, usage = completion["choices"][0], completion["usage"]
+        outputs.append(
+            {
+                "prompt": prompt,
+                "text": choice["text"],
+                "prompt_tokens": usage["prompt_tokens"],
+                "completion_tokens": usage["completion_tokens"],
+                "finish_reason": choice["finish_reason"],
+            }
+        )
+        step("prompts")
+    return outputs
+
+
+def _ended(returncode: int) -> str:
+    """How a process ended, in words: `was killed by SIGABRT`, `exited with status 3`."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        hint = " (the kernel's out-of-memory killer sends it too)" if -returncode == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with status {returncode}"
+
+
+class EngineProcess:
+    """The worker's side of one engine process: start it, hear its events, end it (SIGKILL)."""
+
+    def __init__(self, label: str, scrub: Path) -> None:
+        self.label = label
+        self._scrub = str(scrub)  # the artifact directory: kept out of error messages
+        self.process: subprocess.Popen | None = None
+        self._events: queue.Queue[dict | None] = queue.Queue()
+        self._last_words: deque[str] = deque(maxlen=ENGINE_LAST_WORDS)
+        self._abort: str | None = None
+        self._readers: list[threading.Thread] = []
+
+    def start(self, request: dict) -> None:
+        """Spawn it and hand it the request; its events arrive on next_event()."""
+        events_read, events_write = os.pipe()
+        output_read, output_write = os.pipe()
+        try:
+            self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and module, no shell
+                [sys.executable, "-m", ENGINE_MODULE, "--engine-process", str(events_write)],
+                stdin=subprocess.PIPE,
+                stdout=output_write,
+                stderr=output_write,
+                pass_fds=(events_write,),
+                close_fds=True,
+                # ggml would run gdb on itself for a backtrace before it aborts: slow, and no use here.
+                env={**os.environ, "GGML_NO_BACKTRACE": "1"},
+            )
+        except OSError:
+            os.close(events_read)
+            os.close(output_read)
+            raise
+        finally:
+            os.close(events_write)
+            os.close(output_write)
+        for target, fd in ((self._read_events, events_read), (self._read_output, output_read)):
+            reader = threading.Thread(target=target, args=(fd,), name=f"{self.label}-{target.__name__}", daemon=True)
+            reader.start()
+            self._readers.append(reader)
+        try:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            self.process.stdin.flush()
+        except OSError:  # it died at once: its end of file says so
+            pass
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def _read_events(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as stream:
+            for line in stream:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    log.warning("%s: not an event: %r", self.label, line[:200])
+                    continue
+                if isinstance(event, dict):
+                    self._events.put(event)
+        self._events.put(None)  # its end: the process is gone (or closed the pipe on its way out)
+
+    def _read_output(self, fd: int) -> None:
+        with os.fdopen(fd, "rb") as stream:
+            for raw in stream:
+                line = raw.decode("utf-8", "replace").rstrip()[:ENGINE_LINE_CHARS]
+                if line.strip():
+                    log.warning("%s (pid %s) said: %s", self.label, self.pid, line)
+                    self._last_words.append(self.scrub(line.strip()))
+
+    def next_event(self, timeout: float) -> dict | None:
+        """The next event (None: the channel closed); queue.Empty after `timeout` seconds."""
+        return self._events.get(timeout=max(0.0, timeout))
+
+    def scrub(self, text: str) -> str:
+        """The worker's own paths out of what goes into an error message."""
+        return text.replace(self._scrub, "<artifacts>")
+
+    def aborting(self, message: str) -> None:
+        """ggml said it aborts the process, and why (a failed GGML_ASSERT, with its source file)."""
+        self._abort = self.scrub(re.sub(r"\S*/(?=[^/\s]+:\d+: )", "", message.strip())[:ENGINE_LINE_CHARS])
+        log.error("%s (pid %s) aborts: %s", self.label, self.pid, self._abort)
+
+    def last_words(self) -> str:
+        """Why it died as it said it: ggml's abort message, else what it wrote to stdout or
+        stderr last (an uncaught C++ exception's `what()`), for the error message."""
+        self.join_output(1.0)
+        return self._abort or " | ".join(self._last_words)
+
+    def join_output(self, timeout: float) -> None:
+        """Let the output reader catch up with a process that ended (its pipe closes with it)."""
+        deadline = time.monotonic() + timeout
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+
+    def kill(self) -> None:
+        """SIGKILL, unless it has already ended."""
+        if self.process is not None and self.process.poll() is None:
+            try:
+                self.process.kill()
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit status once it ended, or None after `timeout` seconds."""
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def end(self, grace: float = 0.0) -> int | None:
+        """Give it `grace` seconds to exit on its own, then kill it; reap it (within
+        ENGINE_EXIT_SECONDS) and close its stdin. Its exit status, None if it would not end."""
+        if self.process is None:
+            return None
+        code = self.wait(grace) if grace else None
+        if code is None:
+            self.kill()
+            code = self.wait(ENGINE_EXIT_SECONDS)
+        if code is None:
+            log.error("%s (pid %s) did not end within %g s of SIGKILL", self.label, self.pid, ENGINE_EXIT_SECONDS)
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        return code
+
+
+# --------------------------------------------------------------------------- jobs
+
+
 class Job:
     """One job: its status, updated by its thread and read by request handlers under a lock."""
 
     def __init__(self, request: JobRequest, model_path: Path) -> None:
         self.request = request
         self.model_path = model_path
-        self.cancel = CancelFlag()
         self.finished = threading.Event()
         self._lock = threading.Lock()
         self._state = "running"
@@ -734,6 +1039,9 @@ class Job:
         self._steps_done = 0
         self._result: dict | None = None
         self._error: dict | None = None
+        self._cancel_reason: str | None = None
+        self._engine: EngineProcess | None = None
+        self.last_asked = time.monotonic()  # when a request last named it (the agent polls)
 
     @property
     def id(self) -> str:
@@ -745,11 +1053,43 @@ class Job:
         """Whether the job still holds the worker."""
         return not self.finished.is_set()
 
+    @property
+    def phase(self) -> str:
+        with self._lock:
+            return self._phase
+
+    def asked(self) -> None:
+        """A request named this job: someone still waits for it."""
+        self.last_asked = time.monotonic()
+
     def advance(self, phase: str) -> None:
         """One more step done, now in `phase`."""
         with self._lock:
             self._phase = phase
             self._steps_done += 1
+
+    def attach(self, engine: EngineProcess) -> None:
+        """The job's engine process, started, which a cancel kills; killed at once if one came
+        already (cancel() and attach() hold the lock, so one of them sees the other)."""
+        with self._lock:
+            self._engine = engine
+            if self._cancel_reason is not None:
+                engine.kill()
+
+    def cancel(self, reason: str = "the job was cancelled") -> None:
+        """Stop the job: its engine process is killed, the job thread ends it `cancelled`."""
+        with self._lock:
+            if self._cancel_reason is None:
+                self._cancel_reason = reason
+            if self._engine is not None:
+                self._engine.kill()
+
+    def check(self) -> None:
+        """Raise Cancelled if the job was asked to stop."""
+        with self._lock:
+            reason = self._cancel_reason
+        if reason is not None:
+            raise Cancelled(reason)
 
     def finish(self, state: str, result: dict | None = None, error: dict | None = None) -> None:
         """The job's last word; after it the worker takes the next job."""
@@ -777,7 +1117,11 @@ class Job:
 
 
 class Worker:
-    """The one job slot, with the engine and NVML: what the socket's requests ask of them."""
+    """The one job slot, with the engine and NVML: what the socket's requests ask of them.
+
+    The worker itself never loads a model: each job runs in an engine process it supervises
+    (EngineProcess), so whatever llama.cpp does with a model, the socket keeps answering.
+    """
 
     def __init__(self, config: Config, nvml: Nvml, engine: Engine) -> None:
         self.config = config
@@ -807,11 +1151,12 @@ class Worker:
         request = parse_job_request(body)
         with self._lock:
             if self._job is not None and self._job.id == request.id:
+                self._job.asked()
                 return self._job.status()  # a resent submission: a lost reply is harmless
             if self._job is not None and self._job.running:
                 raise RequestError(409, WORKER_BUSY, f"job {self._job.id} is running; one job at a time", True)
             model_path = resolve_model_path(self.config.artifact_dir, request.params.model_path)
-            self.engine.module()  # import before the job thread starts, so a broken install is a 500 here
+            self.engine.info()  # import llama_cpp here, so a broken install is a 500 before any job starts
             job = Job(request, model_path)
             self._job = job
         log.info("job %s (%s) accepted: %s", job.id, request.type, request.params.model_path)
@@ -824,38 +1169,39 @@ class Worker:
             job = self._job
         if job is None or job.id != job_id:
             raise RequestError(404, WORKER_JOB_UNKNOWN, f"no job {job_id} here (the worker restarted, or never had it)")
+        job.asked()
         return job
 
     def cancel(self, job_id: str) -> dict:
-        """POST /v1/jobs/{id}/cancel: ask the job to stop; answer once it has (or after a second)."""
+        """POST /v1/jobs/{id}/cancel: stop the job; answer once it has (or after a second)."""
         job = self.job(job_id)
         if job.running:
             log.info("job %s: cancel requested", job.id)
-            job.cancel.set()
+            job.cancel()
             job.finished.wait(CANCEL_REPLY_WAIT_SECONDS)
         return job.status()
 
     def stop(self) -> None:
-        """Cancel a running job and wait for it to free its model (SIGTERM)."""
+        """Cancel a running job and wait for its engine process to be gone (SIGTERM)."""
         with self._lock:
             job = self._job
         if job is not None and job.running:
             log.info("job %s: cancelled because the worker is stopping", job.id)
-            job.cancel.set()
+            job.cancel("the job was cancelled: the runtime worker is stopping")
             job.finished.wait(STOP_WAIT_SECONDS)
 
     # -- the job thread
 
     def _run(self, job: Job) -> None:
-        """Run one job to its end; whatever happens, the model is freed before the status says so."""
+        """Run one job to its end; whatever happens, its engine process is gone before the status says so."""
         started = time.monotonic()
         state, result, error = "failed", None, None
         try:
             result = self._execute(job)
             state = "succeeded"
-        except Cancelled:
+        except Cancelled as cancelled:
             state = "cancelled"
-            error = {"code": JOB_CANCELLED, "message": "the job was cancelled", "retryable": False}
+            error = {"code": JOB_CANCELLED, "message": cancelled.message, "retryable": False}
         except JobFailed as failure:
             error = {"code": failure.code, "message": failure.message, "retryable": failure.retryable}
         except Exception as unexpected:  # the job thread must always end the job's story with a status
@@ -865,38 +1211,27 @@ class Worker:
                 "message": f"{type(unexpected).__name__}: {unexpected}",
                 "retryable": True,
             }
-        finally:
-            gc.collect()  # whatever cycles the job left (tracebacks, closures) go before the status says done
-            release_freed_memory()
         job.finish(state, result, error)
         detail = f" ({error['code']}: {error['message']})" if error else ""
         log.info("job %s %s after %.2f s%s", job.id, state, time.monotonic() - started, detail)
 
     def _execute(self, job: Job) -> dict:
-        """Load the model, run the job's procedure, build its result."""
+        """Run the job in an engine process and build its result."""
         params = job.request.params
-        llama_cpp = self.engine.module()
         engine = self.engine.info()
         gpu_layers = self._gpu_layers(engine, params)
         gpu_uuids = [device["uuid"] for device in self.nvml.devices] if gpu_layers != 0 else []
-        with PeakMemory(self.nvml, uses_gpu=bool(gpu_uuids)) as memory:
-            if isinstance(params, BenchmarkParams):
-                n_ctx = params.prompt_tokens + params.generate_tokens
-                n_batch = params.prompt_tokens  # the whole prompt in one llama_decode, as llama-bench
-            else:
-                # Every token holds at least one byte of its prompt; BOS and a margin on top.
-                n_ctx = max(len(prompt.encode()) for prompt in params.prompts) + 8 + params.max_tokens
-                n_batch = 512
-            llm, load_seconds = self._load(job, llama_cpp, gpu_layers, n_ctx, n_batch)
-            try:
-                job.advance("warmup" if isinstance(params, BenchmarkParams) else "prompts")
-                if isinstance(params, BenchmarkParams):
-                    figures = self._benchmark(job, llm, llama_cpp, params)
-                else:
-                    figures = {"outputs": self._generate(job, llm, llama_cpp, params)}
-            finally:
-                llm.close()  # frees the model and context now, whatever still refers to the object
-                del llm
+        request = {
+            "op": "job",
+            "type": job.request.type,
+            "params": dataclasses.asdict(params),
+            "model_path": str(job.model_path),
+            "n_gpu_layers": gpu_layers,
+        }
+        with GpuPeak(self.nvml, uses_gpu=bool(gpu_uuids)) as gpu:
+            done = self._supervise(job, request)
+        figures = dict(done["result"])
+        load_seconds = figures.pop("load_seconds")
         common = {"engine": engine, "model_file": params.model_file}
         if isinstance(params, BenchmarkParams):
             return {
@@ -904,13 +1239,13 @@ class Worker:
                 "model_bytes": job.model_path.stat().st_size,
                 "n_gpu_layers": gpu_layers,
                 "gpu_uuids": gpu_uuids,
-                "load_seconds": round(load_seconds, 6),
+                "load_seconds": load_seconds,
                 "prompt_tokens": params.prompt_tokens,
                 "generate_tokens": params.generate_tokens,
                 "repetitions": params.repetitions,
                 **figures,
-                "peak_rss_bytes": memory.peak_rss_bytes,
-                "peak_gpu_memory_bytes": memory.peak_gpu_memory_bytes,
+                "peak_rss_bytes": done["peak_rss_bytes"],
+                "peak_gpu_memory_bytes": gpu.peak_bytes,
             }
         return {
             **common,
@@ -918,9 +1253,107 @@ class Worker:
             "temperature": 0.0,
             "max_tokens": params.max_tokens,
             "gpu_uuids": gpu_uuids,
-            "load_seconds": round(load_seconds, 6),
+            "load_seconds": load_seconds,
             **figures,
         }
+
+    def _supervise(self, job: Job, request: dict) -> dict:
+        """Run the job's engine process to its last word, every wait on it with a deadline; its
+        `done` event, or JobFailed / Cancelled. The process is gone when this returns."""
+        child = EngineProcess(f"job {job.id}: engine process", self.config.artifact_dir)
+        job.check()
+        started = time.monotonic()
+        ready = False
+        loading_until = started + ENGINE_START_SECONDS + MODEL_LOAD_SECONDS
+        heard = started
+        last_word = False
+        try:
+            try:
+                child.start(request)
+            except OSError as error:
+                raise JobFailed(WORKER_INTERNAL_ERROR, f"the engine process cannot start ({error})", True) from None
+            job.attach(child)  # from now on a cancel kills it (one that came already just did)
+            log.info("job %s: engine process %d started", job.id, child.pid)
+            while True:
+                if not ready:
+                    deadline, doing, allowed = started + ENGINE_START_SECONDS, "starting", ENGINE_START_SECONDS
+                elif job.phase == "loading":
+                    deadline, doing, allowed = loading_until, "loading the model", MODEL_LOAD_SECONDS
+                else:
+                    deadline, doing, allowed = started + JOB_SECONDS, "the job", JOB_SECONDS
+                # It beats once ready; its import (CUDA's libraries: a long dlopen) has the start deadline.
+                silent_at = heard + ENGINE_SILENCE_SECONDS if ready else deadline
+                wake = min(deadline, silent_at, job.last_asked + self.config.abandon_seconds)
+                try:
+                    event = child.next_event(wake - time.monotonic())
+                except queue.Empty:
+                    event = {"event": "quiet"}
+                now = time.monotonic()
+                if now >= job.last_asked + self.config.abandon_seconds:
+                    waited = self.config.abandon_seconds
+                    log.warning("job %s: nobody asked about it for %g s; cancelling it", job.id, waited)
+                    job.cancel(f"the job was cancelled: nobody asked about it for {waited:g} s (the agent went away)")
+                job.check()
+                if event is None:
+                    raise self._crashed(job, child, ready)
+                kind = event.get("event")
+                if kind == "quiet":
+                    if now >= deadline:
+                        raise self._killed(job, child, ready, f"did not finish {doing} within {allowed:g} s")
+                    if now >= silent_at:
+                        raise self._killed(job, child, ready, f"went silent for {ENGINE_SILENCE_SECONDS:g} s")
+                    continue
+                heard = now
+                if kind == "ready":
+                    ready, loading_until = True, min(now + MODEL_LOAD_SECONDS, started + JOB_SECONDS)
+                elif kind == "step" and isinstance(event.get("phase"), str):
+                    job.advance(event["phase"])
+                elif kind == "log":
+                    level = event.get("level") if isinstance(event.get("level"), int) else logging.WARNING
+                    log.log(level, "job %s: %s", job.id, event.get("message"))
+                elif kind == "abort":
+                    child.aborting(str(event.get("message")))
+                elif kind in ("done", "failed"):
+                    last_word = True
+                    if kind == "done":
+                        return event
+                    code, message = str(event.get("code") or WORKER_INTERNAL_ERROR), str(event.get("message"))
+                    raise JobFailed(code, child.scrub(message), event.get("retryable") is True)
+        finally:
+            code = child.end(grace=ENGINE_EXIT_SECONDS if last_word else 0.0)
+            ended = "and is still there" if code is None else _ended(code)
+            log.info("job %s: engine process %s ended: it %s", job.id, child.pid, ended)
+
+    def _crashed(self, job: Job, child: EngineProcess, ready: bool) -> JobFailed:
+        """The engine process went without a last word: it died. What that means for the job
+        (Cancelled is raised instead when the end was a cancel's SIGKILL)."""
+        code = child.wait(ENGINE_EXIT_SECONDS)
+        if code is None:  # it closed its channel and lives on: of no use any more
+            child.kill()
+            code = child.wait(ENGINE_EXIT_SECONDS)
+        job.check()  # a cancel's SIGKILL is no crash
+        words = child.last_words()
+        how = _ended(code) if code is not None else "closed its channel and would not end"
+        return self._engine_failure(job, child, ready, how, f"; it said: {words}" if words else "")
+
+    def _killed(self, job: Job, child: EngineProcess, ready: bool, what: str) -> JobFailed:
+        """A deadline passed: the engine process is killed and the job fails, saying which."""
+        child.kill()
+        return self._engine_failure(job, child, ready, what, "; killed")
+
+    @staticmethod
+    def _engine_failure(job: Job, child: EngineProcess, ready: bool, what: str, detail: str) -> JobFailed:
+        """An engine process that died or was killed, logged and mapped: before it was ready the
+        worker's own fault (retryable); while loading MODEL_LOAD_FAILED; later
+        RUNTIME_ENGINE_CRASHED (neither retryable: a retry runs the same file the same way)."""
+        phase = job.phase
+        log.error("job %s: the engine process (pid %s) %s in phase %s%s", job.id, child.pid, what, phase, detail)
+        if not ready:
+            return JobFailed(WORKER_INTERNAL_ERROR, f"the engine process {what} before it was ready{detail}", True)
+        if phase == "loading":
+            return JobFailed(MODEL_LOAD_FAILED, f"llama.cpp's process {what} while loading the model{detail}")
+        when = f"while running the job (phase {phase})"
+        return JobFailed(RUNTIME_ENGINE_CRASHED, f"llama.cpp's process {what} {when}{detail}")
 
     def _gpu_layers(self, engine: dict, params: BenchmarkParams | GenerateParams) -> int:
         """Layers to offload: as asked (default all) with a CUDA engine and a GPU, else 0."""
@@ -928,89 +1361,6 @@ class Worker:
             return 0
         requested = getattr(params, "n_gpu_layers", None)
         return -1 if requested is None else requested
-
-    def _load(self, job: Job, llama_cpp, gpu_layers: int, n_ctx: int, n_batch: int):
-        """Check the GGUF magic and load the model; anything wrong is MODEL_LOAD_FAILED."""
-        try:
-            with open(job.model_path, "rb") as model:
-                magic = model.read(len(GGUF_MAGIC))
-        except OSError as error:
-            raise JobFailed(MODEL_LOAD_FAILED, f"the model file cannot be read ({error.strerror})") from None
-        if magic != GGUF_MAGIC:
-            raise JobFailed(MODEL_LOAD_FAILED, f"not a GGUF file (starts with {magic!r}, not {GGUF_MAGIC!r})")
-        job.cancel.check()
-        self.engine.clear_errors()
-        start = time.perf_counter()
-        try:
-            llm = llama_cpp.Llama(
-                model_path=str(job.model_path),
-                n_gpu_layers=gpu_layers,
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_ubatch=min(n_batch, UBATCH_TOKENS),
-                seed=SEED,
-                verbose=False,
-            )
-        except (ValueError, RuntimeError, OSError) as error:
-            # llama.cpp's own reason (a tensor past the end of the file…) says more than the
-            # wrapper's "Failed to load model from file", which also names the worker's path.
-            reason = self.engine.first_error or type(error).__name__
-            raise JobFailed(MODEL_LOAD_FAILED, f"llama.cpp could not load the model: {reason}") from None
-        load_seconds = time.perf_counter() - start
-        log.info("job %s: model loaded in %.3f s (n_gpu_layers %d, n_ctx %d)", job.id, load_seconds, gpu_layers, n_ctx)
-        if job.cancel.is_set():
-            llm.close()
-            raise Cancelled  # a load cannot be interrupted; a cancel during it takes effect here
-        return llm, load_seconds
-
-    def _benchmark(self, job: Job, llm, llama_cpp, params: BenchmarkParams) -> dict:
-        """runtime.benchmark.v1 on the loaded model; a cancel stops it between evals or mid-batch."""
-        try:
-            return measure_benchmark(
-                llm,
-                llama_cpp,
-                params.prompt_tokens,
-                params.generate_tokens,
-                params.repetitions,
-                step=job.advance,
-                cancel=job.cancel,
-            )
-        except RuntimeError as error:  # llama_decode's non-zero return, an abort included
-            job.cancel.check()
-            raise JobFailed(RUNTIME_FAILED, f"llama.cpp failed during the benchmark: {error}") from None
-
-    def _generate(self, job: Job, llm, llama_cpp, params: GenerateParams) -> list[dict]:
-        """runtime.generate.v1: each prompt from a fresh state, greedy, fixed seed."""
-        outputs = []
-        job.cancel.attach(llama_cpp, llm)
-        stop_when_cancelled = llama_cpp.StoppingCriteriaList([lambda _tokens, _logits: job.cancel.is_set()])
-        for prompt in params.prompts:
-            job.cancel.check()
-            llm.reset()  # fresh state: no prefix reuse, so results do not depend on prompt order
-            try:
-                completion = llm.create_completion(
-                    prompt,
-                    max_tokens=params.max_tokens,
-                    temperature=0.0,
-                    seed=SEED,
-                    stopping_criteria=stop_when_cancelled,
-                )
-            except (RuntimeError, ValueError) as error:
-                job.cancel.check()
-                raise JobFailed(RUNTIME_FAILED, f"llama.cpp failed on a prompt: {error}") from None
-            job.cancel.check()
-            choice, usage = completion["choices"][0], completion["usage"]
-            outputs.append(
-                {
-                    "prompt": prompt,
-                    "text": choice["text"],
-                    "prompt_tokens": usage["prompt_tokens"],
-                    "completion_tokens": usage["completion_tokens"],
-                    "finish_reason": choice["finish_reason"],
-                }
-            )
-            job.advance("prompts")
-        return outputs
 
 
 # --------------------------------------------------------------------------- socket server
@@ -1137,7 +1487,9 @@ class WorkerHandler(BaseHTTPRequestHandler):
     def _submit(self, body: bytes) -> tuple[int, dict]:
         try:
             document = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        except RecursionError:
+            raise invalid("body", "is nested too deeply to be a job") from None
+        except ValueError as error:  # not JSON, not UTF-8, or a number of more than 4300 digits
             raise invalid("body", f"is not JSON ({error})") from None
         return 202, self.server.worker.submit(document)
 
@@ -1240,6 +1592,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {WORKER_VERSION} (protocol {PROTOCOL_VERSION})"
     )
+    # How the worker starts a job's engine process; nobody else should.
+    parser.add_argument("--engine-process", type=int, metavar="FD", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -1280,6 +1634,10 @@ def serve(config: Config, nvml: Nvml, engine: Engine) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Parse settings, open NVML as the mode says, then --check or serve."""
     args = parse_args(argv)
+    if args.engine_process is not None:
+        code = engine_process_main(args.engine_process)
+        sys.stdout.flush()
+        os._exit(code)  # at once: the model is freed already, and llama.cpp's teardown adds nothing
     configure_logging()
     nvml = None
     try:

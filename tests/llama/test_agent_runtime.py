@@ -13,6 +13,7 @@ import socket
 import socketserver
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -78,7 +79,9 @@ class StandinWorker:
     """A Unix-socket server that answers every request with one fixed reply, after `delay`
     seconds: only for what the real worker cannot be made to say."""
 
-    def __init__(self, path: Path, body: bytes, status: int = 200, delay: float = 0.0) -> None:
+    def __init__(
+        self, path: Path, body: bytes | Callable[[dict], bytes], status: int = 200, delay: float = 0.0
+    ) -> None:
         self.path, self.requests, self.busy = path, [], threading.Semaphore(64)
         standin = self
 
@@ -91,12 +94,14 @@ class StandinWorker:
             def do_GET(self):
                 with standin.busy:
                     standin.requests.append((self.command, self.path))
+                    sent = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                    answer = body(json.loads(sent or b"{}")) if callable(body) else body
                     time.sleep(delay)
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
+                    self.send_header("Content-Length", str(len(answer)))
                     self.end_headers()
-                    self.wfile.write(body)
+                    self.wfile.write(answer)
 
             do_POST = do_GET
 
@@ -120,7 +125,7 @@ def standin(socket_dir):
     """Start a stand-in worker: standin(body, status=200, delay=0)."""
     started = []
 
-    def start(body: bytes | dict, status: int = 200, delay: float = 0.0) -> StandinWorker:
+    def start(body: bytes | dict | Callable[[dict], bytes], status: int = 200, delay: float = 0.0) -> StandinWorker:
         data = json.dumps(body).encode() if isinstance(body, dict) else body
         started.append(StandinWorker(socket_dir / "worker.sock", data, status, delay))
         return started[-1]
@@ -498,6 +503,41 @@ def test_a_file_the_worker_cannot_load_fails_with_the_workers_code(tmp_path, wor
     runner_for(config, runtime_job(worker.artifact_dir)).start().thread.join(timeout=30)
     (fail,) = control_plane.bodies("fail")
     assert fail["error"]["code"] == "MODEL_LOAD_FAILED" and fail["retryable"] is False
+
+
+def test_a_model_that_crashes_the_engine_fails_not_retryable_and_the_worker_stays(tmp_path, worker, control_plane):
+    tiny_gguf = pytest.importorskip("tests.support.tiny_gguf")
+    model = worker.artifact_dir / ARTIFACT / MODEL_FILE
+    tiny_gguf.write_without_byte_tokens(model)  # issue 22: llama.cpp aborts on a newline it cannot spell
+    write_manifest(worker.artifact_dir / ARTIFACT, {MODEL_FILE: model.stat().st_size})
+    config = worker_config(tmp_path, control_plane, worker.socket_path)
+    job = runtime_job(worker.artifact_dir, agent.RUNTIME_GENERATE_JOB_TYPE, prompts=["one\ntwo"])
+    runner_for(config, job).start().thread.join(timeout=60)
+    (fail,) = control_plane.bodies("fail")
+    assert (fail["error"]["code"], fail["retryable"]) == (runtime_relay.RUNTIME_ENGINE_CRASHED, False), fail
+    assert "SIGABRT" in fail["error"]["message"] and "out_of_range" in fail["error"]["message"]
+    assert_matches_the_servers_schema(fail, "FailRequest")
+    assert worker.process.poll() is None and worker.call("GET", "/v1/info")[1]["job"]["state"] == "failed"
+
+
+@pytest.mark.parametrize("code", ["MODEL_LOAD_FAILED", "RUNTIME_ENGINE_CRASHED", "MODEL_FILE_INVALID"])
+def test_a_model_failure_is_never_retried_even_if_a_worker_says_so(tmp_path, socket_dir, standin, control_plane, code):
+    def failed(submitted: dict) -> bytes:  # what the real worker never says: a bad model is retryable
+        error = {"code": code, "message": "the same file fails the same way", "retryable": True}
+        status = {"id": submitted.get("id"), "type": submitted.get("type"), "state": "failed", "phase": "loading",
+                  "steps_done": 0, "steps_total": 1, "result": None, "error": error}  # fmt: skip
+        return json.dumps(status).encode()
+
+    standin(failed)
+    artifacts = tmp_path / "artifacts"
+    model = artifacts / ARTIFACT / MODEL_FILE
+    model.parent.mkdir(parents=True)
+    model.write_bytes(b"GGUF")
+    write_manifest(artifacts / ARTIFACT, {MODEL_FILE: 4})
+    config = worker_config(tmp_path, control_plane, socket_dir / "worker.sock")  # artifacts: tmp_path/artifacts
+    runner_for(config, runtime_job(artifacts)).start().thread.join(timeout=30)
+    (fail,) = control_plane.bodies("fail")
+    assert (fail["error"]["code"], fail["retryable"]) == (code, False), fail
 
 
 def test_cancel_reaches_the_worker_within_a_second_or_two_and_frees_it(tmp_path, worker, control_plane):

@@ -18,11 +18,13 @@ from tests.support.acquire import HF_TOKEN, acquire, add_root, api, start_agent,
 from tests.support.gunicorn import GunicornServer
 from tests.support.hub import StandinHub
 from tests.support.serving import create, start_worker, wait_capabilities
+from tests.support.tiny_gguf import MALFORMED, write_tiny_llama
 
 SMALL_BENCHMARK = {"prompt_tokens": 64, "generate_tokens": 16, "repetitions": 2}
 PROMPTS = ["Once upon a time", "The capital of"]
 # Seconds of work for the tiny model (inside its 2048-token context): still running when a test acts.
 LONG_BENCHMARK = {"prompt_tokens": 1024, "generate_tokens": 1000, "repetitions": 20}
+HOSTILE = ("no-byte-tokens.gguf", "repeated-token.gguf")
 
 
 def runtime_node(tmp_path: Path, socket_dir: Path, server: GunicornServer, hub: StandinHub, repo_id: str):
@@ -134,6 +136,32 @@ def test_bad_model_files_fail_clearly_and_the_worker_keeps_serving(tmp_path, soc
     )
     assert wait_job(jobs_server, job["id"], {"succeeded", "failed"})["state"] == "succeeded"
     assert worker.process.poll() is None and agent.process.poll() is None
+
+
+def test_a_hostile_model_fails_its_job_once_and_the_node_keeps_serving(tmp_path, socket_dir, jobs_server, hub):
+    """Issue 22: files that pass every hash and manifest check but make llama.cpp abort; the worker
+    runs them in an engine process of its own, so only that job fails, and it is not retried."""
+    made = tmp_path / "hostile"
+    made.mkdir()
+    files = {name: write(made / name) for name, write in MALFORMED.items() if name in HOSTILE}
+    files["tiny.gguf"] = write_tiny_llama(made / "tiny.gguf")
+    hub.add_repo("org/hostile-gguf", files)
+    agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, "org/hostile-gguf")
+    for job_type, model_file, code in (
+        (GENERATE, "no-byte-tokens.gguf", "RUNTIME_ENGINE_CRASHED"),  # SIGABRT on the € it cannot spell
+        (BENCHMARK, "repeated-token.gguf", "MODEL_LOAD_FAILED"),  # SIGABRT while loading
+    ):
+        params = {"prompts": ["price: 5 €"], "max_tokens": 4} if job_type == GENERATE else SMALL_BENCHMARK
+        job = create(jobs_server, job_type, node_id, artifact_id=artifact_id, model_file=model_file, **params)
+        done = wait_job(jobs_server, job["id"], {"succeeded", "failed"})
+        assert (done["state"], done["error"]["code"], done["attempt"]) == ("failed", code, 1), done
+        assert "SIGABRT" in done["error"]["message"], done
+    job = create(
+        jobs_server, GENERATE, node_id, artifact_id=artifact_id, model_file="tiny.gguf", prompts=["Hi"], max_tokens=4
+    )
+    assert wait_job(jobs_server, job["id"], {"succeeded", "failed"})["state"] == "succeeded"
+    assert worker.process.poll() is None and agent.process.poll() is None
+    assert "killed by SIGABRT" in worker.log()
 
 
 def test_a_worker_killed_mid_benchmark_fails_the_attempt_retryably_and_the_next_one_succeeds(

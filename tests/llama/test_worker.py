@@ -324,7 +324,10 @@ def test_a_body_over_64_kib_is_413_and_the_worker_keeps_serving(worker):
         (json.dumps({"id": "a/b", "type": "runtime.generate.v1", "params": {}}).encode(), "id"),
         (json.dumps({"id": "j", "type": "runtime.train.v1", "params": {}}).encode(), "type"),
         (json.dumps({"id": "j", "type": "runtime.generate.v1", "params": []}).encode(), "params"),
+        (b"[" * 30000 + b"]" * 30000, "body"),  # issue 22: nested past the parser's recursion limit
+        (b'{"id": ' + b"1" * 5000 + b"}", "body"),  # a number of more digits than int() takes
     ],
+    ids=["not-json", "not-utf8", "a-list", "id", "type", "params", "deeply-nested", "huge-number"],
 )
 def test_a_malformed_submission_is_400_naming_what_is_wrong(worker, raw, field):
     code, refused = worker.call("POST", "/v1/jobs", raw=raw)

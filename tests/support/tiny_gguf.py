@@ -5,6 +5,12 @@ load takes milliseconds and a benchmark run well under a second on a CPU. The by
 the seed: the same seed gives the same file, and the same file gives the same text at
 temperature 0.
 
+Beside it, hostile files that pass any hash or manifest check (issue 22): llama.cpp aborts the
+process (`std::out_of_range`, SIGABRT) on a vocabulary that repeats a token, and on a prompt
+character that needs a byte-fallback token the vocabulary lacks (a newline is enough); a file cut
+short and one with absurd dimensions must fail cleanly. The worker runs each model in a child
+process, so none of them may take it down.
+
     python tests/support/tiny_gguf.py OUT.gguf [--seed N]
 """
 
@@ -36,16 +42,26 @@ WORDS = (
 PIECES = ("er", "on", "an", "re", "in", "th", "es", "or", "ing", "ed")
 
 
-def vocabulary() -> tuple[list[str], list[float], list[int]]:
-    """An SPM vocabulary: control tokens, 256 byte fallbacks, then letters, pieces and words."""
+def vocabulary(*, byte_tokens: bool = True, repeat: str | None = None) -> tuple[list[str], list[float], list[int]]:
+    """An SPM vocabulary: control tokens, 256 byte fallbacks, then letters, pieces and words.
+
+    llama.cpp needs every `<0xNN>` byte token and the bare `▁` here, or it aborts on the first
+    prompt character it cannot spell (a newline); and it aborts on a token listed twice. The
+    hostile writers below ask for exactly that: `byte_tokens=False` leaves the byte tokens out,
+    `repeat` lists that piece a second time.
+    """
     tokens = ["<unk>", "<s>", "</s>"]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    tokens += [f"<0x{byte:02X}>" for byte in range(256)]
-    types += [gguf.TokenType.BYTE] * 256
+    if byte_tokens:
+        tokens += [f"<0x{byte:02X}>" for byte in range(256)]
+        types += [gguf.TokenType.BYTE] * 256
     normal = [SPACE, *string.ascii_letters, *string.digits, *".,!?;:'-()"]
     normal += [SPACE + letter for letter in string.ascii_lowercase]
     normal += list(PIECES) + [SPACE + word for word in WORDS]
     assert len(set(normal)) == len(normal), "llama.cpp aborts on a vocabulary with a repeated token"
+    if repeat is not None:
+        assert repeat in normal, repeat
+        normal.append(repeat)
     tokens += normal
     types += [gguf.TokenType.NORMAL] * len(normal)
     # SPM merges the pair whose piece scores highest: longer pieces first, then earlier ones.
@@ -59,19 +75,33 @@ def _weights(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return (rng.standard_normal((rows, cols)) * WEIGHT_SCALE).astype(np.float32)
 
 
-def write_tiny_llama(path: str | Path, seed: int = 0, *, n_layer: int = N_LAYER, n_embd: int = N_EMBD) -> Path:
-    """Write a random-weight llama GGUF to ``path``; the same seed gives the same bytes."""
+def write_tiny_llama(
+    path: str | Path,
+    seed: int = 0,
+    *,
+    n_layer: int = N_LAYER,
+    n_embd: int = N_EMBD,
+    byte_tokens: bool = True,
+    repeat: str | None = None,
+    block_count: int | None = None,
+) -> Path:
+    """Write a random-weight llama GGUF to ``path``; the same seed gives the same bytes.
+
+    `byte_tokens` and `repeat` shape the vocabulary (see vocabulary()); `block_count` is the layer
+    count the metadata claims, `n_layer` by default (the tensors are always `n_layer`'s).
+    """
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens, scores, types = vocabulary()
+    tokens, scores, types = vocabulary(byte_tokens=byte_tokens, repeat=repeat)
     n_vocab = len(tokens)
+    n_special = 3 + (256 if byte_tokens else 0)
 
     writer = gguf.GGUFWriter(path, ARCHITECTURE)
     writer.add_name(f"modelforge-tiny-llama-seed{seed}")
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(CONTEXT_LENGTH)
     writer.add_embedding_length(n_embd)
-    writer.add_block_count(n_layer)
+    writer.add_block_count(n_layer if block_count is None else block_count)
     writer.add_feed_forward_length(N_FF)
     writer.add_head_count(N_HEAD)
     writer.add_head_count_kv(N_HEAD)
@@ -104,7 +134,7 @@ def write_tiny_llama(path: str | Path, seed: int = 0, *, n_layer: int = N_LAYER,
     output = _weights(rng, n_vocab, n_embd) * 4
     # Control and byte tokens get zero logits, so greedy decoding picks readable pieces and never
     # stops early: generated text is printable and every completion runs to max_tokens.
-    output[: 3 + 256] = 0.0
+    output[:n_special] = 0.0
     writer.add_tensor("output.weight", output)
 
     writer.write_header_to_file()
@@ -120,6 +150,40 @@ def write_truncated(path: str | Path, seed: int = 0) -> Path:
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     return path
+
+
+def write_truncated_header(path: str | Path, seed: int = 0) -> Path:
+    """Write a tiny llama GGUF cut off inside its metadata (the tokenizer's list of tokens)."""
+    path = write_tiny_llama(path, seed)
+    data = path.read_bytes()
+    path.write_bytes(data[: data.index(b"<0x41>")])
+    return path
+
+
+def write_repeated_token(path: str | Path, seed: int = 0) -> Path:
+    """Hostile: a vocabulary that lists one token twice; llama.cpp aborts the process loading it."""
+    return write_tiny_llama(path, seed, repeat=SPACE + "the")
+
+
+def write_without_byte_tokens(path: str | Path, seed: int = 0) -> Path:
+    """Hostile: no `<0xNN>` byte-fallback tokens. It loads and benchmarks, but a prompt with a
+    character the vocabulary cannot spell (a newline) aborts the process tokenizing it."""
+    return write_tiny_llama(path, seed, byte_tokens=False)
+
+
+def write_absurd_dimensions(path: str | Path, seed: int = 0) -> Path:
+    """Hostile: metadata that claims 2**31 - 1 layers for a file holding two."""
+    return write_tiny_llama(path, seed, block_count=2**31 - 1)
+
+
+# Every malformed model the tests write, by file name: hash and manifest checks pass them all.
+MALFORMED = {
+    "repeated-token.gguf": write_repeated_token,
+    "no-byte-tokens.gguf": write_without_byte_tokens,
+    "truncated-data.gguf": write_truncated,
+    "truncated-header.gguf": write_truncated_header,
+    "absurd-dimensions.gguf": write_absurd_dimensions,
+}
 
 
 def write_not_gguf(path: str | Path) -> Path:

@@ -160,9 +160,27 @@ class WorkerProcess:
             self.process.kill()
             self.process.wait(timeout=10)
 
+    def children(self) -> list[int]:
+        """The pids of the worker's child processes: its engine process while a job runs."""
+        pids = []
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            try:
+                pids += [int(pid) for pid in (task / "children").read_text().split()]
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
+        return pids
+
     def rss_bytes(self) -> int:
         """The worker's resident set now (VmRSS)."""
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise AssertionError("no VmRSS")
+
+
+def gone(pid: int) -> bool:
+    """Whether a process no longer runs (a zombie counts: it holds no memory, no GPU)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
