@@ -71,6 +71,19 @@ MAX_PATTERN_LENGTH = 200
 # Larger whole numbers lose precision in JSON parsers that read every number as a double.
 MAX_BYTES = 2**62
 
+# P5: a number written as text — by a node (nvidia-smi's output), or in a query string — is read
+# only as ASCII digits, and only as many as the largest value allowed has: int() alone also takes
+# " 5", "+5", "٥" and "1_000", and raises ValueError past 4,300 digits (sys.get_int_max_str_digits).
+_WHOLE_NUMBER = re.compile(r"-?[0-9]{1,20}")
+
+
+def whole_number(text: str, minimum: int = 0, maximum: int = MAX_BYTES) -> int | None:
+    """The whole number `text` writes in ASCII digits, within minimum..maximum; None for anything else."""
+    if not isinstance(text, str) or _WHOLE_NUMBER.fullmatch(text) is None:
+        return None
+    value = int(text)
+    return value if minimum <= value <= maximum else None
+
 
 def _absolute_path_pattern() -> str:
     """An absolute POSIX directory path: printable segments, none empty, `.` or `..`."""

@@ -3,7 +3,10 @@
 The control plane checks the hardening the compose file asks for (D2) and, when the node was enrolled
 from a release manifest (D5), that the container runs that image. Only a projection of the document
 is stored — the fields the checks read, environment variable names without their values, labels
-without secret-looking values, no command line — so nothing secret in the paste is ever kept.
+without secret-looking values, no command line — and what is kept (label values, the image
+reference, mount sources and binds, what each check saw) is scrubbed like the read-back: the node's
+known secrets and every shape of app.redaction (Hub and provider tokens, a URL's password), so
+nothing secret in the paste is ever kept.
 """
 
 from __future__ import annotations
@@ -314,8 +317,9 @@ def record_container_status(node_id: str, inspect_text: str, actor: str) -> chec
     results = checks(seen, _release_image(node_id))
     failed = [result["check"] for result in results if not result["passed"]]
     # P2: what is kept (label values, mount sources, the image, what each check saw) is scrubbed of
-    # the node's known secrets and anything token-shaped, as the read-back is.
-    evidence, _ = secrets_scan.scrub_evidence({"checks": results, "failed": failed, "container": seen}, node_id)
+    # the node's known secrets and anything secret-shaped, as the read-back is; where is said.
+    evidence, removed = secrets_scan.scrub_evidence({"checks": results, "failed": failed, "container": seen}, node_id)
+    evidence["removed"] = removed
     seen = evidence["container"]
     item = checklist.Item(
         checklist.CONTAINER_STATUS,

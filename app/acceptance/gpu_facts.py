@@ -10,12 +10,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from app import rules
+
 # The query the agent runs (agent/modelforge_node_agent.py NVIDIA_SMI_ARGS says the same).
 NVIDIA_SMI_QUERY = "nvidia-smi --query-gpu=name,uuid,driver_version,memory.total --format=csv,noheader"
 MIB = 2**20
 # nvidia-smi prints whole MiB, NVML gives bytes: they agree when they are within one MiB.
 MEMORY_TOLERANCE_MIB = 1
-_MEMORY = re.compile(r"^([0-9]+)\s*MiB$")
+_MEMORY = re.compile(r"(\S+)\s*MiB")
+# nvidia-smi's word for a value the GPU does not report ("[N/A]", "[Not Supported]"): unknown, not unreadable.
+_NOT_REPORTED = re.compile(r"\[[A-Za-z /]{1,40}\]")
+SHOWN = 40  # how much of an unreadable field a message quotes
 
 
 class UnreadableOutput(ValueError):
@@ -53,9 +58,24 @@ def parse(output: str) -> list[SmiGpu]:
         name, uuid, driver, memory = fields
         if not uuid.startswith(("GPU-", "MIG-")):
             raise UnreadableOutput(f"line {number} has no GPU UUID")
-        found = _MEMORY.match(memory)
-        gpus.append(SmiGpu(name, uuid, driver, int(found[1]) if found else None))
+        gpus.append(SmiGpu(name, uuid, driver, _memory_mib(memory, number)))
     return gpus
+
+
+def _memory_mib(field: str, number: int) -> int | None:
+    """memory.total in MiB, None when nvidia-smi says it does not know; UnreadableOutput for anything else.
+
+    P5: the digits are read through rules.whole_number, bounded by the largest byte count a node may
+    report (rules.MAX_BYTES), so 4,301 of them are an unreadable line, not a ValueError from int().
+    """
+    if _NOT_REPORTED.fullmatch(field):
+        return None
+    found = _MEMORY.fullmatch(field)
+    mib = rules.whole_number(found[1], maximum=rules.MAX_BYTES // MIB) if found else None
+    if mib is None:
+        more = f"… ({len(field)} characters)" if len(field) > SHOWN else ""
+        raise UnreadableOutput(f"line {number}'s total memory {field[:SHOWN]!r}{more} is not a whole number of MiB")
+    return mib
 
 
 def compare(smi: list[SmiGpu], nvml: list[dict[str, object]]) -> list[str]:

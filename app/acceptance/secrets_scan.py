@@ -6,18 +6,13 @@ import re
 
 import sqlalchemy as sa
 
-from app import tokens
+from app import redaction
 from app.extensions import db
 from app.models import Credential, Enrollment
 
 REMOVED = "[removed]"
 # A name that says it holds a secret (environment variables, labels, fields).
 SECRET_NAME = re.compile(r"token|secret|passw|private|api[_-]?key|(^|[^a-z])key([^a-z]|$)|hash", re.IGNORECASE)
-# A whole ModelForge secret: the prefix and more than the characters the UI may show of it.
-WHOLE_SECRET = re.compile(
-    rf"(?:{re.escape(tokens.ENROLLMENT_TOKEN_PREFIX)}|{re.escape(tokens.NODE_CREDENTIAL_PREFIX)})"
-    rf"[A-Za-z0-9_-]{{{tokens.VISIBLE_CHARS + 1},}}"
-)
 
 
 def secret_looking_name(name: str) -> bool:
@@ -51,7 +46,7 @@ def scrub(value: object, known: set[str], path: str = "", findings: list[str] | 
         return cleaned
     if isinstance(value, list):
         return [scrub(item, known, f"{path}[{index}]", findings) for index, item in enumerate(value)]
-    if isinstance(value, str) and (WHOLE_SECRET.search(value) or any(secret in value for secret in known)):
+    if isinstance(value, str) and (redaction.looks_secret(value) or any(secret in value for secret in known)):
         findings.append(path or "(value)")
         return REMOVED
     return value
@@ -60,8 +55,9 @@ def scrub(value: object, known: set[str], path: str = "", findings: list[str] | 
 def scrub_evidence(document: dict[str, object], node_id: str) -> tuple[dict[str, object], list[str]]:
     """Evidence about a node (its read-back, a pasted inspect's projection) without anything secret.
 
-    Removed: the node's known secrets, whole ModelForge tokens, secret-named fields; the paths where
-    something was found are returned too ([] when clean).
+    Removed: the node's known secrets, anything of app.redaction's shapes (ModelForge, Hub and
+    provider tokens, a URL's password), secret-named fields; the paths where something was found
+    are returned too ([] when clean).
     """
     findings: list[str] = []
     cleaned = scrub(document, _known_secrets(node_id), "", findings)

@@ -1,16 +1,24 @@
-"""What an alert says (O2): a human sentence per audited transition, never a secret.
+"""What an alert says (O2): a human sentence per audited transition, never a secret, never markup.
 
 Only the fields named here reach the text — node display name and id, the job's id, type and
 error code, the actor, the hostname — never the event's whole details (which hold credential
-prefixes), and anything shaped like a token is redacted as a last guard (P2).
+prefixes), and anything shaped like a secret (app.redaction: ModelForge, Hub and provider tokens)
+is redacted as a last guard (P2).
+
+An agent writes some of those fields (its hostname, its display name), so they are inert in every
+service (P5): a mention (`@everyone`, `<!channel>`) pings nobody, and neither a Markdown link nor
+a bare URL becomes a link — even where a service renders Markdown in plain text, as Discord does.
+`render` then escapes the whole message for the format its target is sent in.
 """
 
 from __future__ import annotations
 
+import html
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.models import AuditEvent
+from app.redaction import redact
 from app.timeutil import isoformat
 
 TEST_ACTION = "alert.test"
@@ -22,7 +30,6 @@ RETURNED_ALERTS_FROM = "offline"
 
 # apprise's notify types: how a phone app colours or ranks the notification.
 INFO, SUCCESS, WARNING, FAILURE = "info", "success", "warning", "failure"
-_TOKEN_SHAPE = re.compile(r"mf[a-z]_[A-Za-z0-9_-]{6,}")
 _ERROR_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 _MAX_FIELD = 200
 
@@ -36,15 +43,50 @@ class Alert:
     kind: str
 
 
+# A zero-width space breaks what a service would act on and shows nothing: after `@` (Discord,
+# Slack, Mattermost, Matrix and Telegram mentions), after `<` before `!`, `@` or `#` (Slack's
+# <!channel>, <@U123>, <#C123>), between a Markdown link's `]` and `(`, and inside `://`.
+_BREAK = "\u200b"
+_MENTION = re.compile(r"@|<(?=[!@#])|\](?=\()|:(?=//)")
+
+
+def neutralise(text: str) -> str:
+    """Text an agent wrote, shown as it is but inert: no mention, no link."""
+    return _MENTION.sub(lambda found: found[0] + _BREAK, text)
+
+
 def _text(value: object, fallback: str = "unknown") -> str:
-    """A detail as plain one-line text, short, with anything token-shaped redacted."""
+    """A detail as plain one-line text, short, secret-shaped parts redacted, mentions and links inert."""
     text = " ".join(str(value).split())[:_MAX_FIELD] if value not in (None, "") else fallback
-    return redact(text)
+    return neutralise(redact(text))
 
 
-def redact(text: str) -> str:
-    """The last guard: nothing shaped like an enrolment token or node credential leaves (P2)."""
-    return _TOKEN_SHAPE.sub("[redacted]", text)
+# apprise's formats (apprise.NotifyFormat's values) and how text is made literal in each.
+TEXT, MARKDOWN, HTML = "text", "markdown", "html"
+# CommonMark shows a backslash-escaped punctuation character as itself; these are the ones that
+# start emphasis, code, links, autolinks, HTML, entities, headings, lists, quotes or tables.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~=&])")
+
+
+def escape(text: str, format_name: str) -> str:
+    """`text` as literal text in that format: Markdown backslash-escaped, HTML entity-escaped, text as it is."""
+    if format_name == MARKDOWN:
+        return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    if format_name == HTML:
+        return html.escape(text, quote=True)
+    return text
+
+
+def render(alert: Alert, format_name: str, title_in_body: bool) -> Alert:
+    """The alert as a target of that format is sent it: the body escaped, and the title too where the
+    service shows it inside the body (`title_in_body`, apprise's title_maxlen of 0) or renders
+    Markdown in it; a title a service keeps as a field of its own (an e-mail subject) stays text."""
+    escaped_title = format_name == MARKDOWN or title_in_body
+    return replace(
+        alert,
+        title=escape(alert.title, format_name) if escaped_title else alert.title,
+        body=escape(alert.body, format_name),
+    )
 
 
 def compose(event: AuditEvent, node_name: str | None = None, job_type: str | None = None) -> Alert:

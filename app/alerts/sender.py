@@ -1,4 +1,4 @@
-"""Sending one alert to one target through apprise, and saying why it failed without a secret."""
+"""Sending one alert to one target through apprise, escaped for its format; why it failed, without a secret."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import apprise
 
-from app.alerts.messages import Alert, redact
+from app.alerts import messages
+from app.alerts.messages import Alert
 from app.alerts.targets import Target
+from app.redaction import redact
 
 log = logging.getLogger("modelforge.alerts")
 MAX_ERROR = 300
@@ -41,16 +43,34 @@ def scrub(text: str, url: str) -> str:
     return redact(text)[:MAX_ERROR]
 
 
+def _format_of(plugin) -> str:
+    """The format apprise delivers this target's body in: its URL's `format=`, else its service's default.
+
+    Each service declares the formats it takes (apprise 2 lets some take several, the first its
+    default); the one chosen is what the alert is escaped for, and is declared as the body's format
+    so apprise converts nothing.
+    """
+    resolve = getattr(plugin, "resolve_format", None)
+    chosen = resolve(None) if callable(resolve) else plugin.notify_format
+    value = str(getattr(chosen, "value", chosen)).lower()
+    return value if value in (messages.TEXT, messages.MARKDOWN, messages.HTML) else messages.TEXT
+
+
 def send(target: Target, alert: Alert) -> str | None:
     """Notify `target`; None when it took the alert, else why not (with no secret in it)."""
     notifier = apprise.Apprise()
     if not notifier.add(target.url):
         return "apprise could not read this target's URL"
+    plugin = notifier[0]
+    format_name = _format_of(plugin)
+    shown = messages.render(alert, format_name, title_in_body=plugin.title_maxlen <= 0)
     # Apprise's log lines are the only account of why a service refused; they are captured here
     # (its logger does not propagate: app.alerts.targets) and scrubbed of the URL's parts.
     with apprise.LogCapture(level=logging.WARNING, fmt="%(message)s") as captured:
         try:
-            delivered = notifier.notify(body=alert.body, title=alert.title, notify_type=alert.kind)
+            delivered = notifier.notify(
+                body=shown.body, title=shown.title, notify_type=alert.kind, body_format=format_name
+            )
         except Exception as error:  # a plugin's own bug: reported by type only, its text may quote the URL
             return f"apprise raised {type(error).__name__}"
     if delivered:

@@ -6,7 +6,7 @@ import re
 
 from flask import request
 
-from app import audit
+from app import audit, rules
 from app.api import json_response, operations, replies
 from app.api.auth import admin_required
 from app.api.validation import invalid
@@ -24,8 +24,9 @@ def _int_arg(name: str, default: int | None, minimum: int, maximum: int) -> int 
     # "٥" and "1_000"); an empty value is not a number either.
     if re.fullmatch(r"-?[0-9]+", raw) is None:
         raise invalid(name, "must be a whole number")
-    value = int(raw)
-    if not minimum <= value <= maximum:
+    # P5: read through rules.whole_number, so 4,301 digits are out of range, not int()'s ValueError.
+    value = rules.whole_number(raw, minimum, maximum)
+    if value is None:
         raise invalid(name, f"must be between {minimum} and {maximum}")
     return value
 

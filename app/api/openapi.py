@@ -41,6 +41,82 @@ ERRORS: dict[int, tuple[type[replies.Error], str]] = {
 }
 DEFAULT_ERROR = (replies.Error, "Any other error, in the same shape")
 
+# OpenAPI links: what a reply's fields open next, so a stateful client (schemathesis) walks from a
+# minted token to its node, the node's storage roots and its jobs: (method, path, status) of the
+# reply → {link name: (method, path of the target, its parameters from the reply, request body)}.
+_ROOT = "$response.body#/id"
+LINKS: dict[tuple[str, str, int], dict[str, tuple[str, str, dict[str, str], object]]] = {
+    ("post", "/api/v1/admin/node-enrollments", 201): {
+        "GetEnrollment": ("get", "/api/v1/admin/node-enrollments/{enrollment_id}", {"enrollment_id": _ROOT}, None),
+        "ClaimEnrollment": (
+            "post",
+            "/api/v1/agent/enroll",
+            {},
+            {
+                "enrollment_token": "$response.body#/token",
+                "control_plane_url": "$response.body#/api_origin",
+                "node_id": "00000000-0000-4000-8000-00000000f022",
+                "hostname": "linked-node",
+                "protocol_version": 1,
+                "agent_version": "0.1.0",
+            },
+        ),
+    },
+    ("post", "/api/v1/agent/enroll", 201): {
+        "GetNode": ("get", "/api/v1/hardware/nodes/{node_id}", {"node_id": "$response.body#/node_id"}, None),
+        "CreateStorageRoot": (
+            "post",
+            "/api/v1/admin/nodes/{node_id}/storage-roots",
+            {"node_id": "$response.body#/node_id"},
+            None,
+        ),
+    },
+    ("post", "/api/v1/admin/nodes/{node_id}/storage-roots", 201): {
+        "ListStorageRoots": (
+            "get",
+            "/api/v1/admin/nodes/{node_id}/storage-roots",
+            {"node_id": "$response.body#/node_id"},
+            None,
+        ),
+        "DeleteStorageRoot": ("delete", "/api/v1/admin/storage-roots/{root_id}", {"root_id": _ROOT}, None),
+        "AcquireOntoRoot": (
+            "post",
+            "/api/v1/admin/jobs",
+            {},
+            {
+                "type": "artifact.acquire.v1",
+                "node_id": "$response.body#/node_id",
+                "params": {"repo_id": "owner/tiny", "storage_root_id": _ROOT},
+            },
+        ),
+    },
+    ("post", "/api/v1/admin/jobs", 201): {
+        "GetJob": ("get", "/api/v1/admin/jobs/{job_id}", {"job_id": _ROOT}, None),
+        "CancelJob": ("post", "/api/v1/admin/jobs/{job_id}/cancel", {"job_id": _ROOT}, None),
+        "RetryJob": ("post", "/api/v1/admin/jobs/{job_id}/retry", {"job_id": _ROOT}, None),
+    },
+}
+
+
+def _operation_ref(method: str, path: str) -> str:
+    """A JSON pointer to an operation of this document (RFC 6901: `~` as ~0, `/` as ~1)."""
+    return "#/paths/" + path.replace("~", "~0").replace("/", "~1") + "/" + method
+
+
+def _links(method: str, path: str, status: int) -> dict | None:
+    declared = LINKS.get((method, path, status))
+    if not declared:
+        return None
+    links = {}
+    for name, (target_method, target_path, parameters, body) in declared.items():
+        link: dict = {"operationRef": _operation_ref(target_method, target_path)}
+        if parameters:
+            link["parameters"] = dict(parameters)
+        if body is not None:
+            link["requestBody"] = body
+        links[name] = link
+    return links
+
 
 def _content(carried: type[BaseModel] | Mapping[str, dict]) -> dict:
     """A body's media types: a model's JSON by reference to its component, any other by its schema."""
@@ -71,6 +147,9 @@ def _operation(declared: operations.Operation) -> dict:
         **{str(status): _response(*reply) for status, reply in {**declared.replies, **errors}.items()},
         "default": _response(*DEFAULT_ERROR),
     }
+    for status in declared.replies:
+        if links := _links(declared.method, declared.path, status):
+            described["responses"][str(status)]["links"] = links
     if declared.security:
         described["security"] = [{scheme: []} for scheme in declared.security]
     return described

@@ -29,7 +29,7 @@ from app.db import begin_read_only
 from app.errors import DomainError
 from app.models import EnrollmentState
 from app.nodes import enrollment, readiness
-from app.public_origin import current_api_origin
+from app.public_origin import current_api_origin, origin_warning
 from app.release_manifest import pasted_workers
 from app.timeutil import utcnow
 
@@ -37,6 +37,12 @@ from app.timeutil import utcnow
 def _wizard(template_partial: str, status: int = 200, **context):
     """A wizard step: the fragment for htmx (swapped into #wizard), else the whole wizard page."""
     return page_or_partial("enroll.html", template_partial, step=template_partial, active="enroll", **context), status
+
+
+def _form(status: int = 200, **context):
+    """Step 1, with the origin agents will use and, when it is only the request's Host, where it came from."""
+    origin = current_api_origin()
+    return _wizard("partials/_enroll_form.html", status, api_origin=origin, origin_warning=origin_warning(), **context)
 
 
 @bp.get("/hardware/enroll")
@@ -47,9 +53,7 @@ def enroll():
     now = utcnow()
     # Unused tokens still alive, so an admin can follow or revoke one minted earlier.
     unused = [item for item in enrollment.list_all(EnrollmentState.PENDING, limit=50) if item.expires_at > now]
-    return _wizard(
-        "partials/_enroll_form.html", form=EnrollForm(), api_origin=current_api_origin(), unused_tokens=unused
-    )
+    return _form(form=EnrollForm(), unused_tokens=unused)
 
 
 @bp.post("/hardware/enroll")
@@ -58,7 +62,7 @@ def enroll_submit():
     """Step 2: mint the token (production_eligible forced false, E4) and reveal it once."""
     form = EnrollForm()
     if not form.validate_on_submit():
-        return _wizard("partials/_enroll_form.html", 422, form=form, api_origin=current_api_origin())
+        return _form(422, form=form)
     origin = current_api_origin()
     agent_image = form.agent_image()
     if agent_image.release is not None:
@@ -68,7 +72,7 @@ def enroll_submit():
             agent_image = release_image(agent_image.release, pasted_workers(form.release_entry.data))
         except ValueError as error:
             form.release_entry.errors.append(f"That is not a release manifest: {error}.")
-            return _wizard("partials/_enroll_form.html", 422, form=form, api_origin=origin)
+            return _form(422, form=form)
     minted, token = enrollment.create(
         enrollment.EnrollmentRequest(
             display_name=form.display_name.data.strip(),

@@ -129,16 +129,18 @@ def test_through_gunicorn_a_host_that_is_no_origin_is_refused_before_anything_is
         assert b"Host header" in payload and b"mfe_" not in payload, host
         assert enrollment_count(database_url) == 0, host
     assert "Traceback" not in server.log()
-    # A well-formed Host still works, and is what the enrolment records (E3).
+    # Another host's well-formed name cannot reach a loopback-only listener but by DNS rebinding or
+    # a hand-made request: refused too (issue 22). A loopback name works, and is what is recorded (E3).
+    headers = {**ADMIN, "Content-Type": "application/json"}
     status, _, payload = raw_request(
-        server.port,
-        "POST",
-        "/api/v1/admin/node-enrollments",
-        "Control.Example:8000",
-        {**ADMIN, "Content-Type": "application/json"},
-        body,
+        server.port, "POST", "/api/v1/admin/node-enrollments", "Control.Example:8000", headers, body
     )
-    assert status == 201 and json.loads(payload)["api_origin"] == "http://control.example:8000"
+    assert status == 400 and json.loads(payload)["error"]["code"] == "HOST_HEADER_INVALID"
+    assert enrollment_count(database_url) == 0
+    status, _, payload = raw_request(
+        server.port, "POST", "/api/v1/admin/node-enrollments", "LocalHost:8000", headers, body
+    )
+    assert status == 201 and json.loads(payload)["api_origin"] == "http://localhost:8000"
 
 
 def test_a_fresh_sqlite_database_and_its_wal_are_only_the_owners(tmp_path):

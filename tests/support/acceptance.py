@@ -31,6 +31,45 @@ def png(width: int = 4, height: int = 3, rgb: tuple[int, int, int] = (36, 88, 21
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
+# The JPEG standard's luminance Huffman tables (ITU T.81 Annex K.3): code lengths, and the DC
+# categories. The AC table's symbols are EOB, ZRL and every (run, size) pair; only their count and
+# the first four (whose codes are 00, 01, 100 and EOB's 1010) matter to what jpeg() writes.
+_DC_LENGTHS = bytes([0, 1, 5, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0])
+_AC_LENGTHS = bytes([0, 2, 1, 3, 3, 2, 4, 3, 5, 5, 4, 4, 0, 0, 1, 0x7D])
+_AC_FIRST = [0x01, 0x02, 0x03, 0x00]
+_AC_SYMBOLS = bytes(
+    _AC_FIRST + sorted({0xF0, *(run << 4 | size for run in range(16) for size in range(1, 11))} - set(_AC_FIRST))
+)
+
+
+def jpeg(width: int = 640, height: int = 480) -> bytes:
+    """A real baseline JPEG any decoder reads: mid-grey, one component, every 8×8 block DC 0 then EOB.
+
+    With the standard tables a block is the DC category 0 code (00) and EOB (1010): six bits.
+    """
+
+    def segment(marker: int, body: bytes) -> bytes:
+        return bytes([0xFF, marker]) + struct.pack(">H", len(body) + 2) + body
+
+    blocks = -(-width // 8) * -(-height // 8)
+    bits = "001010" * blocks
+    bits += "1" * (-len(bits) % 8)  # padded with ones, as T.81 F.1.2.3 says
+    scan = int(bits, 2).to_bytes(len(bits) // 8, "big")  # the pattern never makes a 0xFF byte to stuff
+    dc_table = segment(0xC4, b"\x00" + _DC_LENGTHS + bytes(range(12)))
+    ac_table = segment(0xC4, b"\x10" + _AC_LENGTHS + _AC_SYMBOLS)
+    return (
+        b"\xff\xd8"
+        + segment(0xE0, b"JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00")
+        + segment(0xDB, b"\x00" + bytes([1] * 64))
+        + segment(0xC0, struct.pack(">BHHB", 8, height, width, 1) + b"\x01\x11\x00")
+        + dc_table
+        + ac_table
+        + segment(0xDA, b"\x01\x01\x00\x00\x3f\x00")
+        + scan
+        + b"\xff\xd9"
+    )
+
+
 def inspect_text(hardened: bool = True) -> str:
     """`docker inspect` of the node-agent container, as an admin pastes it; its Env holds a secret value."""
     host = {

@@ -29,6 +29,7 @@ from app.models import AcceptanceEvidence, AcceptanceScreenshot, AuditEvent, Job
 from app.nodes import liveness
 from app.timeutil import utcnow
 from tests.support import ADMIN, SECRET_PATTERN, factories
+from tests.support.acceptance import jpeg
 
 GPU_A = "GPU-00000000-0000-0000-0000-000000000001"
 GPU_B = "GPU-00000000-0000-0000-0000-00000000000b"
@@ -88,14 +89,6 @@ def png(width: int = 4, height: int = 3) -> bytes:
     rows = b"".join(b"\x00" + b"\x80\x20\x20" * width for _ in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
-
-
-def jpeg(width: int = 640, height: int = 480) -> bytes:
-    """A JPEG's structure: SOI, APP0, a baseline frame header with the dimensions, a scan, EOI."""
-    app0 = b"\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
-    frame = b"\xff\xc0\x00\x11\x08" + struct.pack(">HH", height, width) + b"\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"
-    scan = b"\xff\xda\x00\x0c\x03\x01\x00\x02\x11\x03\x11\x00\x3f\x00" + b"\x12\x34" * 8
-    return b"\xff\xd8" + app0 + frame + scan + b"\xff\xd9"
 
 
 def multipart(data: bytes, name: str, content_type: str, field: str = "file") -> tuple[bytes, str]:
@@ -274,6 +267,44 @@ def test_memory_within_one_mib_agrees_and_beyond_it_does_not(client, node):
         line = f"NVIDIA GeForce RTX 4080, {GPU_A}, 550.54.14, {shown} MiB"
         publish(client, credential, smi={"output": line})
         assert item(client, node_id, "gpu_facts")["state"] == expected, shown
+
+
+HUGE_MEMORY = "9" * 4301  # one digit past int()'s limit for text (sys.get_int_max_str_digits)
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [f"{HUGE_MEMORY} MiB", "99999999999999999999999 MiB", "[N/A]", "16376.5 MiB", "-16376 MiB", "١٦٣٧٦ MiB"],
+    ids=["past-int-limit", "past-max-bytes", "not-available", "fraction", "negative", "arabic-digits"],
+)
+def test_an_unreadable_memory_field_is_never_agreement_and_never_a_500(app, client, node, memory):
+    """P5: whatever nvidia-smi's memory.total holds, every page that reads it answers, and never "observed"."""
+    node_id, credential = node["node_id"], node["credential"]
+    publish(client, credential, smi={"output": f"NVIDIA GeForce RTX 4080, {GPU_A}, 550.54.14, {memory}\n"})
+    seen = item(client, node_id, "gpu_facts")
+    assert seen["state"] == "contradicted", seen
+    assert "memory" in seen["detail"] and HUGE_MEMORY not in seen["detail"]
+    assert client.get(f"/api/v1/admin/nodes/{node_id}/acceptance/export", headers=ADMIN).status_code == 200
+    assert eligibility(client, node_id, True).status_code == 409
+    assert client.get(f"/api/v1/hardware/nodes/{node_id}", headers=ADMIN).status_code == 200
+    assert client.get("/api/v1/hardware/nodes", headers=ADMIN).status_code == 200
+
+
+def test_an_eligible_node_whose_nvidia_smi_memory_turns_unreadable_loses_eligibility_not_its_inventory(
+    app, client, node
+):
+    node_id, credential = node["node_id"], node["credential"]
+    gather_everything(app, client, node)
+    assert eligibility(client, node_id, True).status_code == 200
+    huge = f"NVIDIA GeForce RTX 4080, {GPU_A}, 550.54.14, {HUGE_MEMORY} MiB\n"
+    publish(client, credential, smi={"output": huge})  # asserts 200: the inventory is accepted
+    result = checklist(client, node_id)
+    assert result["validated"] is False and result["production_eligible"] is False
+    with app.app_context():
+        cleared = db.session.scalar(
+            sa.select(AuditEvent).where(AuditEvent.action == "node.production_eligibility_cleared")
+        )
+        assert cleared is not None and "gpu_facts contradicted" in cleared.details["reasons"]
 
 
 def test_restart_identity_is_recorded_when_the_agent_starts_again(client, node):
@@ -473,6 +504,48 @@ def test_secrets_in_the_kept_projection_are_removed_too(app, client, node):
         assert secret not in dumped
 
 
+PROVIDER_SECRETS = (
+    "hf_" + "PasteLabelHubToken0123456789",
+    "s3cretRegistryPassw0rd",
+    "ghp_" + "B" * 36,
+    "AKIA" + "IOSFODNN7EXAMPLE",
+    "xoxb-" + "9876543210-zyxwvutsrq",
+)
+
+
+def test_provider_tokens_and_url_passwords_are_scrubbed_from_labels_image_and_mounts(app, client, node):
+    """Issue 22 item 8: the same scrub as the env's, on what the projection keeps, in the evidence and the export."""
+    node_id = node["node_id"]
+    hub, password, github, aws, slack = PROVIDER_SECRETS
+    document = docker_inspect(
+        Config__Image=f"https://deploy:{password}@registry.example/modelforge-node-agent:1.3.0",
+        Config__Labels={
+            "com.docker.compose.service": "node-agent",
+            "org.example.note": f"pulled with {hub}",
+            "org.example.registry": f"https://ops:{password}@registry.example/",
+            "org.example.ci": f"built by {github}",
+            "org.example.cloud": aws,
+            "org.example.chat": slack,
+        },
+        Mounts=[
+            {"Type": "bind", "Source": f"/srv/{hub}/state", "Destination": "/data/state", "RW": True},
+            {"Type": "volume", "Source": "/var/lib/docker/volumes/cache", "Destination": "/data/hf-cache", "RW": True},
+        ],
+    )
+    response = paste(client, node_id, json.dumps(document))
+    assert response.status_code == 201, response.get_json()
+    container = response.get_json()["evidence"]["container"]
+    assert container["labels"]["com.docker.compose.service"] == "node-agent"
+    assert container["labels"]["org.example.note"] == "[removed]" and container["image"] == "[removed]"
+    assert [mount["source"] for mount in container["mounts"]] == ["[removed]", "/var/lib/docker/volumes/cache"]
+    exported = client.get(f"/api/v1/admin/nodes/{node_id}/acceptance/export", headers=ADMIN)
+    bundle = zipfile.ZipFile(io.BytesIO(exported.data))
+    everything = dump_database(app) + json.dumps(checklist(client, node_id))
+    everything += "".join(bundle.read(name).decode() for name in ("report.json", "report.html"))
+    for secret in PROVIDER_SECRETS:
+        assert secret not in everything, secret
+
+
 def test_the_image_must_be_the_one_a_release_enrolment_named(app, client, node):
     node_id = node["node_id"]
     release = {
@@ -616,6 +689,84 @@ def test_a_non_image_named_png_is_refused_and_stores_nothing(app, client, node, 
     error = response.get_json()["error"]
     assert error["code"] == "SCREENSHOT_NOT_IMAGE" and why in error["message"]
     assert snapshot(app) == before
+
+
+def png_claiming(width: int, height: int, pixels: bytes | None = b"\x00" * 64, kind: int = 2) -> bytes:
+    """A well-formed PNG (every chunk and CRC right) whose header claims these dimensions, with this IDAT."""
+
+    def chunk(name: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + name + body + struct.pack(">I", zlib.crc32(name + body))
+
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, kind, 0, 0, 0))
+    data = b"" if pixels is None else chunk(b"IDAT", zlib.compress(pixels) if pixels else b"not zlib")
+    return b"\x89PNG\r\n\x1a\n" + header + data + chunk(b"IEND", b"")
+
+
+def jpeg_without_image_data() -> bytes:
+    """48 bytes that start and end like a JPEG, with a frame header and a scan header but nothing to decode."""
+    frame = b"\xff\xc0\x00\x11\x08" + struct.pack(">HH", 480, 640) + b"\x03\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    scan = b"\xff\xda\x00\x0c\x03\x01\x00\x02\x11\x03\x11\x00\x3f\x00" + b"\x12" * 11
+    data = b"\xff\xd8" + frame + scan + b"\xff\xd9"
+    assert len(data) == 48
+    return data
+
+
+def jpeg_claiming(width: int, height: int) -> bytes:
+    """An 8×8 JPEG whose frame header claims other dimensions (its scan is then far too short)."""
+    data = jpeg(8, 8)
+    frame = data.index(b"\xff\xc0")
+    return data[: frame + 5] + struct.pack(">HH", height, width) + data[frame + 9 :]
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (png_claiming(20_000, 20_000), "dimensions 20000×20000"),
+        (png_claiming(16_000, 16_000), "pixels"),
+        (png_claiming(640, 480), "image data"),  # 64 bytes where 640×480 RGB rows need 922,080
+        (png_claiming(4, 3, pixels=b""), "image data"),  # an IDAT that is not zlib
+        (png_claiming(4, 3, pixels=None), "no image data"),
+        (png_claiming(4, 3, pixels=b"\x07" + b"\x00" * 12 + b"\x00" * 26), "filter"),
+        (png_claiming(4, 3, kind=5), "colour type"),
+        (jpeg_without_image_data(), "JPEG"),
+        (jpeg()[:-3400] + b"\xff\xd9", "image data"),  # a scan far too short for 640×480
+        (jpeg_claiming(20_000, 20_000), "dimensions 20000×20000"),
+        (jpeg() + b"trailing", "after its end"),
+        (png() + b"<html>", "after its end"),
+    ],
+    ids=[
+        "png-20000x20000",
+        "png-256-megapixels",
+        "png-too-little-data",
+        "png-idat-not-zlib",
+        "png-no-idat",
+        "png-bad-filter",
+        "png-bad-colour-type",
+        "jpeg-48-bytes",
+        "jpeg-short-scan",
+        "jpeg-20000x20000",
+        "jpeg-trailing-bytes",
+        "png-trailing-bytes",
+    ],
+)
+def test_an_image_that_is_not_decodable_or_too_large_to_decode_is_refused(app, client, node, data, why):
+    """Issue 22 item 9: a screenshot is accepted only when its pixels are there, within the dimension caps."""
+    before = snapshot(app)
+    response = upload(client, node["node_id"], data, name="screenshot.png")
+    assert response.status_code == 400, response.get_json()
+    error = response.get_json()["error"]
+    assert error["code"] == "SCREENSHOT_NOT_IMAGE" and why in error["message"], error
+    assert snapshot(app) == before
+
+
+def test_the_largest_screenshot_the_caps_allow_is_accepted(client, node):
+    """A tall full-page capture at the dimension cap, within the pixel cap, compressed under the byte limit."""
+    height = uploads.MAX_DIMENSION
+    width = uploads.MAX_PIXELS // height
+    rows = (b"\x00" + b"\xff" * width) * height
+    response = upload(client, node["node_id"], png_claiming(width, height, pixels=rows, kind=0))
+    assert response.status_code == 201, response.get_json()
+    assert (response.get_json()["width"], response.get_json()["height"]) == (width, height)
 
 
 @pytest.mark.parametrize("size", [uploads.MAX_SCREENSHOT_BYTES + 1, 20 * 2**20])

@@ -153,6 +153,67 @@ def test_each_alert_is_a_sentence_naming_the_node_and_what_happened():
     assert "[redacted]" in enrolled.body
 
 
+# Issue 22 item 7: what an agent may put in its hostname, and provider tokens pasted anywhere.
+HOSTILE_HOSTNAME = "@everyone [click here](http://evil.example/login) <!channel> <b>bold</b> *x*"
+PROVIDER_TOKENS = {
+    "hub": "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz0123",
+    "openai": "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0kLmN",
+    "github": "ghp_" + "A" * 36,
+    "github-fine-grained": "github_pat_" + "11ABCDEFG0" * 4,
+    "aws": "AKIA" + "IOSFODNN7EXAMPLE",
+    "slack": "xoxb-" + "1234567890-abcdefghij",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9." + "eyJzdWIiOiIxMjM0NTY3ODkwIn0." + "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+}
+
+
+def enrolled_event(hostname: str) -> AuditEvent:
+    return AuditEvent(at=utcnow(), actor="agent", action="node.enrolled", node_id="n-1", details={"hostname": hostname})
+
+
+def test_an_agents_hostname_cannot_mention_everyone_or_hide_a_link_in_any_alert():
+    alert = messages.compose(enrolled_event(HOSTILE_HOSTNAME), "gpu-01")
+    assert "@everyone" not in alert.body and "@\u200beveryone" in alert.body  # shown, but pings nobody
+    assert "](" not in alert.body and "http://evil" not in alert.body  # no masked link, no bare one either
+    assert "evil.example/login" in alert.body  # the operator still sees what the agent claimed
+
+
+@pytest.mark.parametrize("shape", sorted(PROVIDER_TOKENS))
+def test_provider_tokens_are_redacted_from_alerts_and_their_errors(shape):
+    token = PROVIDER_TOKENS[shape]
+    alert = messages.compose(enrolled_event(f"host-{shape} {token}"), f"name {token}")
+    assert token not in alert.title + alert.body and "[redacted]" in alert.body
+    assert token not in sender.scrub(f"HTTP 401: {token} refused", "json://127.0.0.1:9/x")
+
+
+def test_words_that_merely_start_like_tokens_are_left_alone():
+    plain = "disk-usage-report shelf_life_of_gpus ask-operator AKIA"
+    assert messages.compose(enrolled_event(plain), "gpu-01").body.count("[redacted]") == 0
+
+
+def test_each_target_gets_the_agents_text_escaped_for_its_own_format(database_url, tmp_path, receiver):
+    """Plain text as it is, Markdown backslash-escaped, HTML entity-escaped: nothing the agent sent is markup."""
+    urls = [
+        receiver.url(path="hooks/text"),
+        receiver.url(path="hooks/markdown") + "?format=markdown",
+        receiver.url(path="hooks/html") + "?format=html",
+    ]
+    application = create_app(app_env(database_url, tmp_path, MODELFORGE_ALERT_URLS=" ".join(urls)))
+    try:
+        factories.enrolled_node(application.test_client(), hostname=HOSTILE_HOSTNAME)
+        assert sweep(application)["sent"] == 3
+    finally:
+        with application.app_context():
+            db.session.remove()
+            db.engine.dispose()
+    sent = {notification["path"]: notification["message"] for notification in receiver.notifications}
+    text, markdown, html = sent["/hooks/text"], sent["/hooks/markdown"], sent["/hooks/html"]
+    for body in (text, markdown, html):
+        assert "@everyone" not in body and "](" not in body and "<!channel>" not in body and "http://" not in body
+    assert "[click here]" in text and "<b>bold</b>" in text  # plain text is shown as it is
+    assert "\\[click here\\]" in markdown and "\\*x\\*" in markdown and "\\<b\\>" in markdown
+    assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<" not in html
+
+
 def test_backoff_doubles_from_two_seconds_up_to_five_minutes():
     assert [deliveries.backoff_seconds(attempt) for attempt in (1, 2, 3, 4, 8, 9, 30)] == [2, 4, 8, 16, 256, 300, 300]
 

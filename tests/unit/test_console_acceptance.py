@@ -190,6 +190,17 @@ def test_gpu_facts_are_compared_in_a_table_and_a_disagreement_is_contradicted(co
     assert '<details class="mf-evidence" id="evidence-gpu_facts">' in html
 
 
+def test_a_memory_field_past_int_limits_leaves_every_page_answering_and_the_item_contradicted(console, node):
+    """P5: one node printing 4,301 digits of memory.total cannot take its pages, the list or the bundle down."""
+    huge = "9" * 4301
+    publish(console, node, "a" * 32, smi_output=SMI_OUTPUT.replace("16376 MiB", f"{huge} MiB"))
+    html = page(console, node["id"])
+    assert states(html)["gpu_facts"] == "contradicted"
+    for url in (f"/hardware/nodes/{node['id']}", "/hardware/nodes", f"/hardware/nodes/{node['id']}/acceptance/bundle"):
+        response = console.get(url)
+        assert response.status_code == 200, (url, response.status_code)
+
+
 # --------------------------------------------------------------------------- the pasted inspect
 
 

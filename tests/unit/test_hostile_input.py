@@ -167,3 +167,10 @@ def test_audit_paging_numbers_are_plain_integers_as_the_document_says(client, va
     # schemathesis found `limit=` answered 200 although the document says integer (A5).
     response = client.get("/api/v1/admin/audit-events", query_string={"limit": value}, headers=ADMIN)
     assert response.status_code == 400 and response.get_json()["error"]["field"] == "limit"
+
+
+@pytest.mark.parametrize("value", ["9" * 4301, "-" + "9" * 4301])
+def test_audit_paging_numbers_past_int_limits_are_a_clear_400(client, value):
+    # P5 (issue 22): int() raises ValueError past 4,300 digits; rules.whole_number reads at most 20.
+    response = client.get("/api/v1/admin/audit-events", query_string={"before_id": value}, headers=ADMIN)
+    assert response.status_code == 400 and response.get_json()["error"]["field"] == "before_id"

@@ -9,6 +9,7 @@ import uuid
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
 from jsonschema import Draft202012Validator
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
@@ -22,8 +23,10 @@ from schemathesis.specs.openapi.checks import (
 
 from app.api import bodies
 from app.api.openapi import document
+from app.extensions import db
 from app.timeutil import isoformat, parse_rfc3339, utcnow
 from tests.support import OPERATOR_KEY, factories
+from tests.support.acceptance import inspect_text, png
 from tests.support.bodies import (
     WRONG_BENCHMARK_RESULTS,
     WRONG_ENROLLS,
@@ -88,7 +91,7 @@ ACCEPTANCES = ["2xx", "401", "403", "404", "409", "410", "426"]
 
 
 def within_the_rules_in_words(case) -> None:
-    """Keep a well-formed body inside the two rules the document can state only in words.
+    """Keep a well-formed body inside the rules the document can state only in words.
 
     A telemetry sample's time must lie between 2020 and a few minutes past the server's clock, and
     an inventory lists each GPU UUID once; no static schema says either, so a body generated as
@@ -98,6 +101,11 @@ def within_the_rules_in_words(case) -> None:
     body = case.body
     if case.meta is None or not case.meta.generation.mode.is_positive or not isinstance(body, dict):
         return
+    # A screenshot is checked by its bytes, a pasted inspect by its JSON: the document says so in words.
+    if case.operation.path.endswith("/acceptance/screenshots") and "file" in body:
+        body["file"] = png()
+    if case.operation.path.endswith("/acceptance/container-status") and "inspect" in body:
+        body["inspect"] = inspect_text()
     for sample in body.get("telemetry") or []:
         if isinstance(sample, dict) and isinstance(sample.get("sampled_at"), str):
             if parse_rfc3339(sample["sampled_at"]) is not None:
@@ -160,6 +168,52 @@ def test_api_conforms_to_its_document(case):
             negative_data_rejection,
             positive_data_acceptance,
         ],
+    )
+
+
+def test_every_link_opens_a_documented_operation_with_its_path_parameters():
+    """Issue 22: the links that let a stateful client reach storage roots and jobs name real operations."""
+    paths = document()["paths"]
+    linked = set()
+    for path, item in paths.items():
+        for method, operation in item.items():
+            if method not in HTTP_METHODS:
+                continue
+            for status, reply in operation["responses"].items():
+                for name, link in reply.get("links", {}).items():
+                    target_path, _, target_method = link["operationRef"].removeprefix("#/paths/").rpartition("/")
+                    target_path = target_path.replace("~1", "/").replace("~0", "~")
+                    assert target_method in paths.get(target_path, {}), (path, status, name)
+                    wanted = {parameter["name"] for parameter in paths[target_path].get("parameters", [])}
+                    assert set(link.get("parameters", {})) == wanted, (path, status, name)
+                    linked.add(target_path)
+    assert {"/api/v1/admin/jobs/{job_id}", "/api/v1/admin/storage-roots/{root_id}", "/api/v1/admin/jobs"} <= linked
+
+
+# The stateful walk: the links chain mint → claim → storage root → job → cancel/retry/delete, every
+# check schemathesis has (stateful ones included) on every step. About 60 s on two cores.
+@pytest.mark.slow
+def test_the_api_walked_through_its_links_answers_no_5xx_and_as_documented(api_schema, fuzz_app):
+    class Walk(api_schema.as_state_machine()):
+        def before_call(self, case) -> None:
+            within_the_rules_in_words(case)
+
+        def teardown(self) -> None:
+            # Each walk starts from an empty database, so hypothesis sees the same API for the same draws.
+            with fuzz_app.app_context():
+                for table in reversed(db.metadata.sorted_tables):
+                    db.session.execute(table.delete())
+                db.session.commit()
+
+    run_state_machine_as_test(
+        Walk,
+        settings=settings(
+            max_examples=80,
+            stateful_step_count=10,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
     )
 
 
