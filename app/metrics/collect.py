@@ -132,9 +132,10 @@ def _nodes(settings: Settings, now: datetime) -> tuple[list[Family], dict[str, s
     counts: Counter[str] = Counter()
     disabled_count = 0
     node_labels: dict[str, str] = {}  # node id -> its escaped node_id and node_name pairs
+    since = liveness.listening_since(settings, now)
     for node_id, display_name, is_disabled, last_heartbeat_at in rows:
         pairs = node_labels[node_id] = labels(node_id=node_id, node_name=display_name)[1:-1]
-        node_status, heartbeat_age = liveness.status_of(last_heartbeat_at, now, settings)
+        node_status, heartbeat_age = liveness.status_of(last_heartbeat_at, now, settings, since)
         counts[node_status] += 1
         disabled_count += bool(is_disabled)
         status.add(f"{{{pairs},{labels(status=node_status)[1:-1]}}}", 1)

@@ -155,9 +155,10 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
     telemetry = _latest_telemetry(ids)
     shared = _shared_hostnames({node.hostname for node, *_ in rows})
     now = utcnow()
+    since = liveness.listening_since(settings, now)
     described = []
     for node, lease, inventory, credential in rows:
-        status, age = liveness.status_of(lease.last_heartbeat_at if lease else None, now, settings)
+        status, age = liveness.status_of(lease.last_heartbeat_at if lease else None, now, settings, since)
         described.append(
             shown(
                 {
@@ -259,9 +260,10 @@ def summaries(settings: Settings) -> list[NodeSummary]:
         models[node_id][printable(name) if name else "unknown model"] = count
     shared = _shared_hostnames()
     now = utcnow()
+    since = liveness.listening_since(settings, now)
     result = []
     for row in rows:
-        status, age = liveness.status_of(row.last_heartbeat_at, now, settings)
+        status, age = liveness.status_of(row.last_heartbeat_at, now, settings, since)
         result.append(
             NodeSummary(
                 id=row.id,

@@ -25,14 +25,21 @@ _leases = NodeLease.__table__
 _audit = AuditEvent.__table__
 
 
-def status_of(last_heartbeat_at: datetime | None, now: datetime, settings: Settings) -> tuple[str, float | None]:
-    """L1: status and heartbeat age from the stored time, so a stopped agent keeps ageing."""
+def status_of(
+    last_heartbeat_at: datetime | None, now: datetime, settings: Settings, heard_since: datetime | None = None
+) -> tuple[str, float | None]:
+    """L1: status and heartbeat age from the stored time, so a stopped agent keeps ageing.
+
+    `heard_since` (read it with `listening_since`): during a hold, a node last heard before the
+    control plane could hear again is at most stale, never offline, as the sweep records it.
+    The age stays the true one.
+    """
     if last_heartbeat_at is None:
         return PENDING, None
     age = max((now - last_heartbeat_at).total_seconds(), 0.0)
     if age <= settings.node_stale_after_seconds:
         return ONLINE, age
-    if age <= settings.node_offline_after_seconds:
+    if age <= settings.node_offline_after_seconds or (heard_since is not None and last_heartbeat_at < heard_since):
         return STALE, age
     return OFFLINE, age
 
@@ -59,6 +66,11 @@ def heard_since(sweep: str, settings: Settings, now: datetime) -> datetime | Non
     if since is None or now >= since + timedelta(seconds=hearing_hold_seconds(settings)):
         return None
     return since
+
+
+def listening_since(settings: Settings, now: datetime) -> datetime | None:
+    """The liveness hold's start while it lasts (heard_since), for readers to pass to status_of."""
+    return heard_since(LIVENESS_SWEEP, settings, now)
 
 
 def _transition(previous: str, new: str, cutoff: datetime, now: datetime, since: datetime | None = None) -> int:
@@ -122,7 +134,8 @@ def may_receive_work(node_id: str, settings: Settings, now: datetime | None = No
         return False, "unknown node"
     if row.disabled:
         return False, "node is disabled"
-    status, _ = status_of(row.last_heartbeat_at, now or utcnow(), settings)
+    now = now or utcnow()
+    status, _ = status_of(row.last_heartbeat_at, now, settings, listening_since(settings, now))
     if status != ONLINE:
         return False, f"node is {status}"
     if row.compatibility != COMPATIBLE:

@@ -39,7 +39,8 @@ def _age(moment: datetime | None, now: datetime) -> float | None:
 
 
 def _connection(node: Node, lease: NodeLease | None, now: datetime, settings: Settings) -> Check:
-    status, age = liveness.status_of(lease.last_heartbeat_at if lease else None, now, settings)
+    since = liveness.listening_since(settings, now)
+    status, age = liveness.status_of(lease.last_heartbeat_at if lease else None, now, settings, since)
     if node.disabled:
         return Check("connection", FAIL, "The node is disabled; its publications are refused.", "Enable the node.")
     if status == liveness.PENDING:

@@ -350,6 +350,44 @@ def test_a_scheduler_that_starts_after_a_gap_judges_no_node_silent_through_it(ap
     assert statuses(app) == {heard["node_id"]: "stale", later["node_id"]: "offline"}
 
 
+def test_during_the_hold_no_reader_shows_a_node_silent_through_the_gap_as_offline(app, client):
+    """What the API, /metrics and readiness say agrees with what the sweep records: stale, not offline."""
+    node = online_node(client, inventory=False)
+    node_id = node["node_id"]
+    age_lease(app, node_id, 500)
+    last_claim(app, "liveness", 500)
+    run_sweep(app, "liveness")
+
+    def shown():
+        listed = client.get("/api/v1/hardware/nodes", headers=ADMIN).get_json()["nodes"]
+        one = client.get(f"/api/v1/hardware/nodes/{node_id}", headers=ADMIN).get_json()
+        scraped = client.get("/metrics", headers={"Authorization": f"Bearer {OPERATOR_KEY}"}).get_data(as_text=True)
+        (line,) = [row for row in scraped.splitlines() if row.startswith("modelforge_node_status{") and node_id in row]
+        with app.app_context():
+            (connection,) = [
+                check for check in readiness.for_node(node_id, settings(app))["checks"] if check["name"] == "connection"
+            ]
+        return (
+            {"list": listed[0]["status"], "node": one["status"], "metrics": line.split('status="')[1].split('"')[0]},
+            one,
+            connection,
+        )
+
+    during, one, connection = shown()
+    assert during == {"list": "stale", "node": "stale", "metrics": "stale"}
+    assert one["heartbeat_age_seconds"] >= 500  # the age stays the true one
+    assert "offline" not in connection["detail"]
+    assert statuses(app) == {node_id: "online"}
+
+    with app.app_context():  # the hold over: the silence is judged, by readers and the sweep alike
+        db.session.execute(
+            sa.update(SweepTick).where(SweepTick.name == "liveness").values(heard_since=utcnow() - timedelta(hours=1))
+        )
+        db.session.commit()
+    after, _, _ = shown()
+    assert after == {"list": "offline", "node": "offline", "metrics": "offline"}
+
+
 def test_a_sweep_that_failed_holds_judgment_when_the_database_answers_again(app, client):
     node = online_node(client, inventory=False)
     last_claim(app, "liveness", 2)  # no gap: the scheduler ran until the database failed it
