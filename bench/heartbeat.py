@@ -264,6 +264,7 @@ def cpu_worker(tree: str, database_url: str, beats: int, profile: bool) -> None:
     if profiler:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats("/app/", 40)
     print(json.dumps({"cpu_ms": 1000 * cpu / beats, "wall_ms": 1000 * wall / beats}))
 
 
