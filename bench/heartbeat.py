@@ -8,7 +8,7 @@ interval 1 s, so each node's beats stay inside its rate; non-2xx must stay 0). P
 p50/p99 latency and the heartbeat:healthz ratio.
 
     .venv/bin/python bench/heartbeat.py [--nodes 500] [--connections 32] [--seconds 10]
-                                        [--workers 4] [--database-url postgresql+psycopg://…]
+                                        [--workers 4] [--threads N] [--database-url postgresql+psycopg://…]
 
 With --cpu: the control plane's own CPU time per heartbeat, in process (the Flask test client, no
 HTTP), for this tree and for --baseline REV (default main: its app/, templates/ and static/ from
@@ -381,6 +381,7 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=0, help="gunicorn's gthread workers, this many threads each")
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     args = parser.parse_args()
     if args.cpu_worker:
@@ -405,7 +406,9 @@ def main() -> int:
             MODELFORGE_HEARTBEAT_INTERVAL_SECONDS="1",
             MODELFORGE_NODE_RATE_LIMIT="on",
         )
-        server.env["GUNICORN_CMD_ARGS"] = "--access-logfile /dev/null"
+        server.env["GUNICORN_CMD_ARGS"] = "--access-logfile /dev/null" + (
+            f" --worker-class gthread --threads {args.threads}" if args.threads else ""
+        )
         server.start()
         try:
             with ThreadPoolExecutor(max_workers=8) as pool:
@@ -423,7 +426,8 @@ def main() -> int:
         database = "postgresql" if database_url.startswith("postgresql") else "sqlite"
         print(
             f"heartbeat bench: {args.nodes} nodes, {args.connections} connections, {args.seconds}s, "
-            f"gunicorn {args.workers} sync workers, {database}"
+            f"gunicorn {args.workers} {f'gthread ({args.threads} threads)' if args.threads else 'sync'} workers, "
+            f"{database}"
         )
         for name, figures in (("healthz", healthz), ("heartbeat", heartbeat)):
             print(
