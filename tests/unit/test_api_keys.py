@@ -187,7 +187,7 @@ def test_revoking_refuses_the_key_on_its_next_request_and_again_changes_nothing(
     }
 
 
-@pytest.mark.parametrize("api_key_id", [str(uuid.uuid4()), "not-a-uuid", "%00", "x" * 300])
+@pytest.mark.parametrize("api_key_id", ["00000000-0000-4000-8000-0000000000aa", "not-a-uuid", "%00", "x" * 300])
 def test_revoking_an_unknown_key_is_a_404_in_the_one_error_shape(app, client, api_key_id):
     mint(client)
     before = snapshot(app)
