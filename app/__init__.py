@@ -80,11 +80,12 @@ _ID_ARGUMENTS = (
     ("enrollment_id", "ENROLLMENT_NOT_FOUND", "enrolment"),
     ("job_id", "JOB_NOT_FOUND", "job"),
     ("root_id", "STORAGE_ROOT_NOT_FOUND", "storage root"),
+    ("api_key_id", "API_KEY_NOT_FOUND", "API key"),
 )
 
 
 def _ids_are_uuids(endpoint: str | None, values: dict[str, str] | None) -> None:
-    """Node, enrolment, job and storage root ids are UUIDs: any other id in a URL is not found, before any query.
+    """The ids of _ID_ARGUMENTS are UUIDs: any other id in a URL is not found, before any query.
 
     PostgreSQL cannot even compare a NUL in text, so this once surfaced as a 500 (P5). The API
     answers the domain error as JSON, the console as a page.

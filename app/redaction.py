@@ -21,8 +21,7 @@ SECRET_SHAPES: tuple[tuple[str, str], ...] = (
     # ModelForge: the prefix and more than the characters the UI may show of it (tokens.VISIBLE_CHARS).
     (
         "ModelForge token",
-        rf"(?:{re.escape(tokens.ENROLLMENT_TOKEN_PREFIX)}|{re.escape(tokens.NODE_CREDENTIAL_PREFIX)})"
-        rf"[A-Za-z0-9_-]{{{tokens.VISIBLE_CHARS + 1},}}",
+        "(?:" + "|".join(map(re.escape, tokens.PREFIXES)) + rf")[A-Za-z0-9_-]{{{tokens.VISIBLE_CHARS + 1},}}",
     ),
     ("Hugging Face token", r"(?:hf|api_org)_[A-Za-z0-9]{20,}"),
     ("OpenAI-style key", r"sk-[A-Za-z0-9_-]{20,}"),

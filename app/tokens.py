@@ -1,4 +1,4 @@
-"""Enrolment tokens and node credentials (P2): 256-bit, prefixed, stored only as SHA-256."""
+"""Enrolment tokens, node credentials and client API keys (P2, S1): 256-bit, prefixed, stored only as SHA-256."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 ENROLLMENT_TOKEN_PREFIX = "mfe_"
 NODE_CREDENTIAL_PREFIX = "mfn_"
+API_KEY_PREFIX = "mfk_"  # S1: a client key for the serving API
+PREFIXES = (ENROLLMENT_TOKEN_PREFIX, NODE_CREDENTIAL_PREFIX, API_KEY_PREFIX)
 # How much of a secret the UI may show to tell two apart: the prefix and six characters.
 VISIBLE_CHARS = 6
 

@@ -50,6 +50,8 @@ STATUS_BY_CODE = {
     "SCREENSHOT_NOT_FOUND": 404,
     "SCHEMA_OUT_OF_DATE": 503,  # issue 22: the database is not at the code's revision
     "DATABASE_NOT_WRITABLE": 503,  # issue 22: GET /healthz's write probe failed
+    "API_KEY_NOT_FOUND": 404,
+    "API_KEY_INVALID": 401,  # S1: unknown, revoked or expired client key
 }
 
 # The API's code and next step for errors Werkzeug raises before or instead of a view.

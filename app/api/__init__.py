@@ -38,6 +38,7 @@ VIEW_MODULES = (
     "acceptance",
     "agent",
     "agent_jobs",
+    "api_keys",
     "audit_events",
     "enrollments",
     "health",

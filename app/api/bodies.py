@@ -34,9 +34,11 @@ from app import rules
 from app.acceptance.container import MAX_INSPECT_CHARS
 from app.api.validation import invalid
 from app.jobs import queue, runtime
+from app.models.api_key import MAX_NAME_LENGTH as MAX_API_KEY_NAME_LENGTH
 from app.models.telemetry import METRICS
 from app.nodes import compat, publishing
 from app.nodes.enrollment import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
+from app.serving import api_keys
 from app.timeutil import parse_rfc3339
 
 MAX_GPUS = 64
@@ -189,6 +191,15 @@ class EnrollmentCreate(Body):
     )
     lab_eligible: bool = False
     benchmark_eligible: bool = False
+
+
+class ApiKeyCreate(Body):
+    """S1: a client key to mint; without an expiry it lasts until revoked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: text(MAX_API_KEY_NAME_LENGTH)
+    expires_in_seconds: whole(api_keys.MIN_EXPIRY_SECONDS, api_keys.MAX_EXPIRY_SECONDS) | None = None
 
 
 def _origin_pattern() -> str:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, StringConstraints, WithJsonSchema
 from pydantic.json_schema import GenerateJsonSchema
 
-from app import acceptance
+from app import acceptance, tokens
 from app.acceptance import checklist, uploads
 from app.jobs import queue
 from app.models import EnrollmentState, JobState
@@ -121,6 +121,34 @@ class Enrollments(Reply):
     """E5: enrolments, newest first."""
 
     enrollments: list[Enrollment]
+
+
+class ApiKey(Reply):
+    """S1: a client key's metadata; never the key or its digest."""
+
+    id: Uuid
+    name: str
+    prefix: pattern("^" + tokens.API_KEY_PREFIX)
+    created_at: datetime
+    last_used_at: datetime | None
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class MintedApiKey(Reply):
+    """S1: the new key, which no other reply ever shows."""
+
+    id: Uuid
+    name: str
+    key: pattern("^" + tokens.API_KEY_PREFIX)
+    created_at: datetime
+    expires_at: datetime | None
+
+
+class ApiKeys(Reply):
+    """S1: every client key, newest first."""
+
+    api_keys: list[ApiKey]
 
 
 class Credential(Reply):

@@ -46,7 +46,16 @@ def render_error(status: int, title: str, message: str, next_step: str):
 
 def init_app(app: Flask) -> None:
     """Register the console blueprint, its session cookie policy and response headers."""
-    from app.console import acceptance, audit_log, auth, enroll, jobs, nodes, settings  # noqa: F401  (views register on bp)
+    from app.console import (  # noqa: F401  (views register on bp)
+        acceptance,
+        api_keys,
+        audit_log,
+        auth,
+        enroll,
+        jobs,
+        nodes,
+        settings,
+    )
 
     app.session_interface = ConsoleSessionInterface()
     app.config.update(

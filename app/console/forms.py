@@ -25,8 +25,10 @@ from app import rules
 from app.console.commands import LOCAL_BUILD, ImageSource, env_value_error, pinned_image, release_image
 from app.jobs import runtime, storage
 from app.models import Artifact, StorageRoot
+from app.models.api_key import MAX_NAME_LENGTH as MAX_API_KEY_NAME_LENGTH
 from app.nodes.enrollment import MAX_EXPIRY_SECONDS
 from app.release_manifest import MAX_PASTE_BYTES, parse_pasted
+from app.serving import api_keys
 
 # C4: the wizard offers exactly these token lifetimes.
 EXPIRY_CHOICES = [
@@ -55,6 +57,10 @@ class Printable:
     def __call__(self, form, field) -> None:
         if not rules.is_text(field.data or ""):
             raise ValidationError("Use printable characters only.")
+
+
+class EmptyForm(FlaskForm):
+    """A button-only POST that still carries its CSRF token (C1)."""
 
 
 class LoginForm(FlaskForm):
@@ -420,3 +426,36 @@ class ScreenshotForm(FlaskForm):
     """V1: one UI screenshot; its size and type are checked by app.acceptance (one rule for the API too)."""
 
     screenshot = FileField("Screenshot", validators=[FileRequired(message="Choose a PNG or JPEG file.")])
+
+
+# S1: the lifetimes the console offers (0: until revoked); the API takes any within api_keys' bounds.
+API_KEY_EXPIRY_CHOICES = [
+    SelectChoice(0, "Never (until revoked)"),
+    SelectChoice(86_400, "1 day"),
+    SelectChoice(30 * 86_400, "30 days"),
+    SelectChoice(90 * 86_400, "90 days"),
+    SelectChoice(365 * 86_400, "1 year"),
+]
+assert all(
+    api_keys.MIN_EXPIRY_SECONDS <= choice.value <= api_keys.MAX_EXPIRY_SECONDS
+    for choice in API_KEY_EXPIRY_CHOICES
+    if choice.value
+)
+
+
+class ApiKeyForm(FlaskForm):
+    """S1: a client key to mint: its name, and how long it lasts."""
+
+    name = StringField(
+        "Name",
+        validators=[
+            DataRequired(message="Name the key after the program that will use it."),
+            Length(max=MAX_API_KEY_NAME_LENGTH),
+            Printable(),
+        ],
+    )
+    expires_in_seconds = SelectField("Expires", choices=API_KEY_EXPIRY_CHOICES, coerce=int, default=0)
+
+    def expiry(self) -> int | None:
+        """The validated lifetime in seconds, or None for a key that lasts until revoked."""
+        return self.expires_in_seconds.data or None

@@ -8,20 +8,15 @@ delivery is still waiting, then stops.
 
 from __future__ import annotations
 
-from flask_wtf import FlaskForm
-
 from app import audit
 from app.alerts import deliveries, messages
 from app.alerts import targets as alert_targets
 from app.config import current_settings
 from app.console import bp, page_or_partial
 from app.console.auth import login_required
+from app.console.forms import EmptyForm
 from app.db import begin_read_only
 from app.extensions import db
-
-
-class TestAlertForm(FlaskForm):
-    """A button-only POST that still carries its CSRF token (C1)."""
 
 
 def _targets():
@@ -36,7 +31,7 @@ def _panel(status: int = 200, notice: str | None = None):
         targets=targets,
         results=deliveries.last_results(targets),
         pending=deliveries.pending_count(targets),
-        form=TestAlertForm(),
+        form=EmptyForm(),
         notice=notice,
         active="settings",
     ), status
@@ -54,7 +49,7 @@ def settings_page():
 @login_required
 def send_test_alert():
     """O2: queue one test alert per target (the scheduler sends it); audited."""
-    form = TestAlertForm()
+    form = EmptyForm()
     if not form.validate_on_submit():
         return _panel(400, "The form expired; reload the page and try again.")
     targets = _targets()

@@ -2,6 +2,7 @@
 
 from app.models.acceptance import AcceptanceEvidence, AcceptanceScreenshot
 from app.models.alerts import AlertCursor, AlertDelivery, AlertDeliveryState
+from app.models.api_key import ApiKey
 from app.models.audit import AuditEvent
 from app.models.credential import Credential
 from app.models.enrollment import Enrollment, EnrollmentState
@@ -18,6 +19,7 @@ __all__ = [
     "AlertCursor",
     "AlertDelivery",
     "AlertDeliveryState",
+    "ApiKey",
     "Artifact",
     "AuditEvent",
     "Credential",

@@ -24,8 +24,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = PROJECT_ROOT / "tests" / "data"
 OPERATOR_KEY = "test-operator-key-" + "k" * 32
 ADMIN = {"X-ModelForge-Admin-Token": OPERATOR_KEY}
-# P2: anything shaped like a token or credential.
-SECRET_PATTERN = re.compile(r"mf[en]_[A-Za-z0-9_-]{20,}")
+# P2, S1: anything shaped like a token, credential or client API key.
+SECRET_PATTERN = re.compile(r"mf[enk]_[A-Za-z0-9_-]{20,}")
 
 
 # The job types (SPEC "Job names"), as the tests send and expect them.

@@ -161,3 +161,23 @@ def strict_json(text: str) -> object:
         raise AssertionError(f"{name} is not JSON")
 
     return json.loads(text, parse_constant=refuse)
+
+
+# S1: client API keys to mint that the API refuses, and the field each 400 names.
+WRONG_API_KEYS = [
+    ({}, "name"),
+    ({"name": ""}, "name"),
+    ({"name": "   "}, "name"),
+    ({"name": "x" * 201}, "name"),
+    ({"name": "two\nlines"}, "name"),
+    ({"name": "a\x00b"}, "name"),
+    ({"name": "\u202eevil"}, "name"),
+    ({"name": 5}, "name"),
+    ({"name": "laptop", "expires_in_seconds": 59}, "expires_in_seconds"),
+    ({"name": "laptop", "expires_in_seconds": 5 * 365 * 86_400 + 1}, "expires_in_seconds"),
+    ({"name": "laptop", "expires_in_seconds": "3600"}, "expires_in_seconds"),
+    ({"name": "laptop", "expires_in_seconds": True}, "expires_in_seconds"),
+    ({"name": "laptop", "expires_in_seconds": 3600.5}, "expires_in_seconds"),
+    ({"name": "laptop", "expires_in_seconds": -1}, "expires_in_seconds"),
+    ({"name": "laptop", "key": "mfk_" + "a" * 43}, "key"),
+]

@@ -42,6 +42,7 @@ RELEASED = {
     "0011_first_schema_repair.py": "c62260862e50fc2c82911c04e3c8440bc6e945d1aa49e6831972425ba4ce6101",
     "0012_sweep_heard_since.py": "df4d676e8ba54b622087d3ef7e03fc91b4c1f327573f0a5c785dad755a6384bd",
     "0013_node_credential_refused.py": "e5ffce8acce917c6cbda04aed7bd8150870f828c98b07ca78dd5e594e80d2154",
+    "0014_api_keys.py": "beda9db3d210c067746b1fb9ef282ac9f849183270e7b99dfeac765fafd6cabd",
 }
 # 0001_initial as its first commit (9c5d073) wrote it, which databases of that time were made by.
 FIRST_EDITION = DATA_DIR / "migrations" / "0001_initial_schema_at_9c5d073.py.txt"  # verbatim, so not linted

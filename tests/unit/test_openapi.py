@@ -28,6 +28,7 @@ from app.timeutil import isoformat, parse_rfc3339, utcnow
 from tests.support import OPERATOR_KEY, factories
 from tests.support.acceptance import inspect_text, png
 from tests.support.bodies import (
+    WRONG_API_KEYS,
     WRONG_BENCHMARK_RESULTS,
     WRONG_ENROLLS,
     WRONG_HEARTBEATS,
@@ -278,6 +279,11 @@ def test_the_document_refuses_every_inventory_the_code_refuses(change, field):
 def test_the_document_refuses_every_enrol_claim_the_code_refuses(change, field):
     body = {**factories.enroll_body("mfe_" + "a" * 43), **change}
     assert_the_document_refuses_what_the_code_refuses("EnrollRequest", body)
+
+
+@pytest.mark.parametrize(("body", "field"), WRONG_API_KEYS)
+def test_the_document_refuses_every_api_key_the_code_refuses(body, field):
+    assert_the_document_refuses_what_the_code_refuses("ApiKeyCreate", body)
 
 
 @pytest.mark.parametrize(("job_type", "params", "field"), WRONG_JOB_BODIES)
