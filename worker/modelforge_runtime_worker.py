@@ -34,6 +34,7 @@ import os
 import queue
 import random
 import re
+import select
 import signal
 import socket
 import socketserver
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,6 +108,24 @@ PROMPTS_RANGE = (1, 16)
 MAX_PROMPT_CHARS = 8000
 BENCHMARK_DEFAULTS = {"prompt_tokens": 512, "generate_tokens": 128, "repetitions": 5}
 GENERATE_DEFAULT_MAX_TOKENS = 64
+# Serving (S2, S5): deployments keep their model loaded in an engine process of their own.
+MAX_DEPLOYMENTS = 4  # models loaded at once by one worker
+DEPLOYMENT_QUEUE = 8  # requests waiting for a deployment beyond the one it generates (429 past it)
+CONTEXT_TOKENS_RANGE = (16, 8192)  # S2: the default is the model's own, capped at the top of this
+MAX_SERVE_PROMPT_CHARS = 48 * 1024  # a prompt or the messages' text together; the body limit binds first
+MESSAGES_RANGE = (1, 256)
+CHAT_ROLES = ("system", "user", "assistant")
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 64
+MAX_LOGIT_BIAS = 300
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+TEMPERATURE_RANGE = (0.0, 2.0)
+SEED_RANGE = (0, 2**32 - 1)
+SERVE_KINDS = ("completion", "chat")
+STREAM_POLL_SECONDS = 0.1  # a streaming answer checks this often whether its client hung up
+# The chat template: the GGUF's tokenizer.chat_template when it has one (as llama-cpp-python does),
+# else llama-cpp-python's own fallback, the Llama 2 format.
+FALLBACK_CHAT_FORMAT = "llama-2"
 
 # Error codes: the request's (4xx), the worker's (5xx), and the job's (in a job's status).
 WORKER_REQUEST_INVALID = "WORKER_REQUEST_INVALID"
@@ -120,6 +140,10 @@ MODEL_LOAD_FAILED = "MODEL_LOAD_FAILED"  # the model did not load: llama.cpp ref
 RUNTIME_FAILED = "RUNTIME_FAILED"  # llama.cpp reported an error while running the job
 RUNTIME_ENGINE_CRASHED = "RUNTIME_ENGINE_CRASHED"  # the engine process died (or froze) while running it
 JOB_CANCELLED = "JOB_CANCELLED"
+WORKER_DEPLOYMENT_UNKNOWN = "WORKER_DEPLOYMENT_UNKNOWN"
+WORKER_DEPLOYMENT_CONFLICT = "WORKER_DEPLOYMENT_CONFLICT"
+WORKER_DEPLOYMENT_NOT_READY = "WORKER_DEPLOYMENT_NOT_READY"
+PROMPT_TOO_LONG = "PROMPT_TOO_LONG"
 
 GGUF_MAGIC = b"GGUF"
 GGML_BASE_LIBRARY = "libggml-base.so.0"  # ggml's core as llama-cpp-python 0.3.36 ships it (ggml_abort)
@@ -458,24 +482,26 @@ class JobRequest:
     params: BenchmarkParams | GenerateParams
 
 
-def _int(params: dict, name: str, default: int | None, bounds: tuple[int, int]) -> int | None:
-    """An optional whole number within bounds (a bool is not one)."""
+def _int(params: dict, name: str, default: int | None, bounds: tuple[int, int], prefix: str = "params.") -> int | None:
+    """An optional whole number within bounds (a bool is not one); errors name `prefix` + `name`."""
     value = params.get(name, default)
     if value is None:
         return None
     low, high = bounds
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise invalid(f"params.{name}", f"must be a whole number from {low} to {high}")
+        raise invalid(f"{prefix}{name}", f"must be a whole number from {low} to {high}")
     return value
 
 
-def _string(params: dict, name: str, *, required: bool, limit: int = MAX_NAME_CHARS) -> str | None:
+def _string(
+    params: dict, name: str, *, required: bool, limit: int = MAX_NAME_CHARS, prefix: str = "params."
+) -> str | None:
     """A non-empty string of at most `limit` characters with no NUL."""
     value = params.get(name)
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value or len(value) > limit or "\0" in value:
-        raise invalid(f"params.{name}", f"must be a non-empty string of at most {limit} characters")
+        raise invalid(f"{prefix}{name}", f"must be a non-empty string of at most {limit} characters")
     return value
 
 
@@ -530,6 +556,130 @@ def parse_job_request(body: object) -> JobRequest:
             max_tokens=_int(params, "max_tokens", GENERATE_DEFAULT_MAX_TOKENS, MAX_TOKENS_RANGE),
         )
     return JobRequest(id=job_id, type=job_type, params=checked)
+
+
+# --------------------------------------------------------------------------- serving requests
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """A PUT /v1/deployments/{id} body, checked: what the deployment's engine process loads."""
+
+    model_path: str
+    context_length: int | None  # None: the model's own, capped at CONTEXT_TOKENS_RANGE's top
+    n_gpu_layers: int | None
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A POST /v1/deployments/{id}/generate body, checked (S4's parameters)."""
+
+    kind: str
+    prompt: str | None
+    messages: tuple[dict, ...] | None
+    max_tokens: int | None  # None: as many as the context leaves
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+    logit_bias: dict[str, float]
+
+    def to_engine(self) -> dict:
+        return {**dataclasses.asdict(self), "messages": list(self.messages) if self.messages else None}
+
+
+def parse_deployment_spec(body: object) -> DeploymentSpec:
+    """Check a deployment's body; unknown fields are ignored, as for jobs."""
+    if not isinstance(body, dict):
+        raise invalid("body", "must be a JSON object")
+    return DeploymentSpec(
+        model_path=_string(body, "model_path", required=True, limit=MAX_PATH_CHARS, prefix=""),
+        context_length=_int(body, "context_length", None, CONTEXT_TOKENS_RANGE, prefix=""),
+        n_gpu_layers=_int(body, "n_gpu_layers", None, N_GPU_LAYERS_RANGE, prefix=""),
+    )
+
+
+def _number(body: dict, name: str, default: float, bounds: tuple[float, float]) -> float:
+    value = body.get(name, default)
+    low, high = bounds
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise invalid(name, f"must be a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def _text_field(value: object, name: str, limit: int) -> str:
+    if not isinstance(value, str) or len(value) > limit or "\0" in value:
+        raise invalid(name, f"must be a string of at most {limit} characters without NUL")
+    return value
+
+
+def parse_generation_request(body: object) -> GenerationRequest:
+    """Check a generation request: a completion's prompt or a chat's messages, and S4's sampling
+    parameters, each bounded; anything wrong is a 400 naming the field."""
+    if not isinstance(body, dict):
+        raise invalid("body", "must be a JSON object")
+    kind = body.get("kind")
+    if kind not in SERVE_KINDS:
+        raise invalid("kind", f"must be one of {', '.join(SERVE_KINDS)}")
+    prompt = messages = None
+    if kind == "completion":
+        prompt = _text_field(body.get("prompt"), "prompt", MAX_SERVE_PROMPT_CHARS)
+    else:
+        raw = body.get("messages")
+        low, high = MESSAGES_RANGE
+        if not isinstance(raw, list) or not low <= len(raw) <= high:
+            raise invalid("messages", f"must be a list of {low} to {high} messages")
+        checked = []
+        for index, message in enumerate(raw):
+            if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+                raise invalid(f"messages[{index}].role", f"must be one of {', '.join(CHAT_ROLES)}")
+            content = _text_field(message.get("content"), f"messages[{index}].content", MAX_SERVE_PROMPT_CHARS)
+            checked.append({"role": message["role"], "content": content})
+        if sum(len(message["content"]) for message in checked) > MAX_SERVE_PROMPT_CHARS:
+            raise invalid("messages", f"hold at most {MAX_SERVE_PROMPT_CHARS} characters together")
+        messages = tuple(checked)
+    stop = body.get("stop")
+    stops = (
+        (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, list) else () if stop is None else None
+    )
+    if (
+        stops is None
+        or len(stops) > MAX_STOP_STRINGS
+        or not all(isinstance(each, str) and 0 < len(each) <= MAX_STOP_CHARS for each in stops)
+    ):
+        raise invalid(
+            "stop",
+            f"must be a string or a list of at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters",
+        )
+    bias = body.get("logit_bias") or {}
+    low, high = LOGIT_BIAS_RANGE
+    if (
+        not isinstance(bias, dict)
+        or len(bias) > MAX_LOGIT_BIAS
+        or not all(
+            isinstance(token, str) and token.isascii() and token.isdigit() and len(token) <= 9
+            and not isinstance(value, bool) and isinstance(value, int | float) and low <= value <= high
+            for token, value in bias.items()
+        )
+    ):  # fmt: skip
+        raise invalid(
+            "logit_bias",
+            f"must map at most {MAX_LOGIT_BIAS} token ids (as strings) to numbers from {low:g} to {high:g}",
+        )
+    top_p = _number(body, "top_p", 1.0, (0.0, 1.0))
+    if top_p == 0.0:
+        raise invalid("top_p", "must be more than 0 and at most 1")
+    return GenerationRequest(
+        kind=kind,
+        prompt=prompt,
+        messages=messages,
+        max_tokens=_int(body, "max_tokens", None, (1, CONTEXT_TOKENS_RANGE[1]), prefix=""),
+        temperature=_number(body, "temperature", 1.0, TEMPERATURE_RANGE),
+        top_p=top_p,
+        seed=_int(body, "seed", None, SEED_RANGE, prefix=""),
+        stop=stops,
+        logit_bias={token: float(value) for token, value in bias.items()},
+    )
 
 
 # --------------------------------------------------------------------------- measurement
@@ -765,17 +915,31 @@ def engine_process_main(fd: int) -> int:
     root.setLevel(logging.INFO)
     try:
         request = json.loads(sys.stdin.buffer.readline() or b"null")
-        if not isinstance(request, dict) or request.get("op") != "job":
-            raise ValueError(f"not a job request: {request!r:.200}")
+        if not isinstance(request, dict) or request.get("op") not in ("job", "serve"):
+            raise ValueError(f"not a job or serve request: {request!r:.200}")
         engine = Engine()
         llama_cpp = engine.module()
         engine.report_aborts(lambda message: channel.send("abort", message=message))
     except Exception as error:  # noqa: BLE001 - the worker hears why, whatever it is
         channel.send("failed", code=WORKER_INTERNAL_ERROR, message=f"{type(error).__name__}: {error}", retryable=True)
         return EXIT_UNAVAILABLE
-    threading.Thread(target=_exit_when_orphaned, name="orphan-watch", daemon=True).start()
     threading.Thread(target=_beat, args=(channel,), name="beat", daemon=True).start()
     channel.send("ready")
+    if request["op"] == "serve":  # a deployment: it reads its commands from stdin itself
+        try:
+            serve_engine(request, engine, llama_cpp, channel)
+        except JobFailed as failure:
+            channel.send("failed", code=failure.code, message=failure.message, retryable=failure.retryable)
+        except Exception as unexpected:  # noqa: BLE001 - the deployment's story always ends with a word
+            log.exception("unexpected error in the deployment's engine process")
+            channel.send(
+                "failed",
+                code=WORKER_INTERNAL_ERROR,
+                message=f"{type(unexpected).__name__}: {unexpected}",
+                retryable=True,
+            )
+        return EXIT_OK
+    threading.Thread(target=_exit_when_orphaned, name="orphan-watch", daemon=True).start()
     try:
         result = run_engine_job(request, engine, llama_cpp, lambda phase: channel.send("step", phase=phase))
     except JobFailed as failure:
@@ -883,6 +1047,234 @@ def generate(llm, params: GenerateParams, step: Callable[[str], None]) -> list[d
     return outputs
 
 
+# --------------------------------------------------------------------------- serving, in the engine process
+#
+# A deployment's engine process ({"op": "serve"} on its stdin) loads the model once and keeps it:
+# it sends {"event": "loaded", "load_seconds", "memory_bytes", "context_length", "chat_template"},
+# then reads more lines from stdin, {"op": "generate", "rid", …GenerationRequest} and
+# {"op": "cancel", "rid"}, and answers each generation with {"event": "token", "rid", "text"}
+# events, then {"event": "finished", "rid", "finish_reason", "usage", "timings"} or
+# {"event": "request_failed", "rid", "code", "message"}. One generation at a time (llama.cpp's
+# context is one sequence here); the worker queues the rest. At stdin's end of file it exits.
+
+
+def _context_length(engine: Engine, llama_cpp, model_path: Path, asked: int | None) -> int:
+    """The context to load with: as asked, else the model's own, capped (S2)."""
+    if asked is not None:
+        return asked
+    try:
+        probe = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+    except (ValueError, RuntimeError, OSError):
+        reason = engine.first_error or "its header cannot be read"
+        raise JobFailed(MODEL_LOAD_FAILED, f"llama.cpp could not read the model: {reason}") from None
+    try:
+        # A vocabulary-only load reads the header's metadata but no hyperparameters.
+        architecture = probe.metadata.get("general.architecture", "")
+        raw = probe.metadata.get(f"{architecture}.context_length", "")
+        trained = int(raw) if raw.isdigit() else 0
+    finally:
+        probe.close()
+    low, high = CONTEXT_TOKENS_RANGE
+    return max(low, min(trained or high, high))
+
+
+class ChatTemplate:
+    """S4: messages to a prompt with the GGUF's own chat template, else the documented fallback."""
+
+    def __init__(self, llm, llama_chat_format) -> None:
+        template = llm.metadata.get("tokenizer.chat_template")
+        self.name = "gguf" if template else FALLBACK_CHAT_FORMAT
+        if template:
+            eos, bos = llm.token_eos(), llm.token_bos()
+            self._format = llama_chat_format.Jinja2ChatFormatter(
+                template=template,
+                eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+                bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
+                stop_token_ids=[eos],
+            )
+        else:
+            self._format = llama_chat_format.format_llama2
+
+    def prompt(self, messages: list[dict]) -> tuple[str, list[str], bool]:
+        """The prompt text, the template's stop strings, and whether it holds its own BOS."""
+        formatted = self._format(messages=messages)
+        stop = formatted.stop or []
+        return formatted.prompt, [stop] if isinstance(stop, str) else list(stop), bool(formatted.added_special)
+
+
+def _held_back(text: str, stops: list[str]) -> int:
+    """How many characters at the end of `text` could be the start of a stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+def stream_generation(llm, llama_cpp, template: ChatTemplate, request: dict, n_ctx: int, emit, cancelled) -> dict:
+    """One generation, token by token: `emit(text)` for each piece of text, and the finish.
+
+    Sampling is OpenAI's: temperature (0 is greedy), top_p, no top-k or min-p; a fixed `seed`
+    gives the same text twice. Text goes out as whole UTF-8 characters, held back while it could
+    still become a stop string. `cancelled()` is asked before each token: a client that hung up
+    stops the computation within one token.
+    """
+    stops = list(request["stop"])
+    if request["kind"] == "chat":
+        text, template_stops, has_bos = template.prompt(request["messages"])
+        stops += template_stops
+        prompt = llm.tokenize(text.encode(), add_bos=not has_bos, special=True)
+    else:
+        prompt = llm.tokenize(request["prompt"].encode(), add_bos=True, special=False)
+    room = n_ctx - len(prompt)
+    if room < 1:
+        raise JobFailed(PROMPT_TOO_LONG, f"the prompt is {len(prompt)} tokens; this deployment's context holds {n_ctx}")
+    limit = min(request["max_tokens"] or room, room)
+    bias = {int(token): value for token, value in request["logit_bias"].items()}
+    vocabulary = llm.n_vocab()
+    if any(token >= vocabulary for token in bias):
+        raise JobFailed(WORKER_REQUEST_INVALID, f"logit_bias names a token id past this model's {vocabulary}")
+    processors = None
+    if bias:
+        ids, values = list(bias), list(bias.values())
+
+        def add_bias(_input_ids, scores):
+            scores[ids] += values
+            return scores
+
+        processors = llama_cpp.LogitsProcessorList([add_bias])
+    seed = request["seed"] if request["seed"] is not None else random.SystemRandom().randrange(SEED_RANGE[1])
+    llm.reset()
+    llm.set_seed(seed)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    started = time.perf_counter()
+    first_token_at = None
+    completion: list[int] = []
+    pending, held, finish = b"", "", "length"
+    try:
+        for token in llm.generate(
+            prompt, temp=request["temperature"], top_p=request["top_p"], top_k=0, min_p=0.0,
+            repeat_penalty=1.0, logits_processor=processors,
+        ):  # fmt: skip
+            if first_token_at is None:
+                first_token_at = time.perf_counter()
+            if cancelled():
+                finish = "cancelled"
+                break
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                finish = "stop"
+                break
+            completion.append(token)
+            pending += llm.detokenize([token], prev_tokens=prompt + completion[:-1])
+            try:
+                held += pending.decode()
+                pending = b""
+            except UnicodeDecodeError as partial:  # a character split across tokens: wait for its end
+                held += pending[: partial.start].decode()
+                pending = pending[partial.start :]
+            hit = min((held.find(stop) for stop in stops if stop in held), default=-1)
+            if hit >= 0:
+                if hit:
+                    emit(held[:hit])
+                held, finish = "", "stop"
+                break
+            keep = _held_back(held, stops)
+            if len(held) > keep:
+                emit(held[: len(held) - keep])
+                held = held[len(held) - keep :]
+            if len(completion) >= limit:
+                break
+    except RuntimeError as error:  # llama_decode's non-zero return
+        raise JobFailed(RUNTIME_FAILED, f"llama.cpp failed while generating: {error}") from None
+    tail = held + pending.decode("utf-8", "replace")
+    if tail and finish != "stop":
+        emit(tail)
+    ended = time.perf_counter()
+    generating = ended - (first_token_at or ended)
+    return {
+        "finish_reason": finish,
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(completion),
+            "total_tokens": len(prompt) + len(completion),
+        },
+        "timings": {
+            "time_to_first_token_seconds": round((first_token_at or ended) - started, 6),
+            "tokens_per_second": round((len(completion) - 1) / generating, 3)
+            if len(completion) > 1 and generating
+            else None,
+        },
+    }
+
+
+def serve_engine(request: dict, engine: Engine, llama_cpp, channel: EngineChannel) -> None:
+    """The deployment's engine process after `ready`: load the model, then generate on request
+    until stdin's end of file (the worker stopped the deployment, or is gone)."""
+    from llama_cpp import llama_chat_format
+
+    model_path = Path(request["model_path"])
+    n_ctx = _context_length(engine, llama_cpp, model_path, request["context_length"])
+    llm, load_seconds = load_model(engine, llama_cpp, model_path, request["n_gpu_layers"], n_ctx, UBATCH_TOKENS)
+    template = ChatTemplate(llm, llama_chat_format)
+    waiting: queue.Queue[dict] = queue.Queue()
+    cancels: set[str] = set()
+    lock = threading.Lock()
+
+    def read_commands() -> None:
+        for line in sys.stdin.buffer:
+            try:
+                command = json.loads(line)
+            except ValueError:
+                log.warning("not a command: %r", line[:200])
+                continue
+            if command.get("op") == "cancel":
+                with lock:
+                    cancels.add(str(command.get("rid")))
+            elif command.get("op") == "generate":
+                waiting.put(command)
+        os._exit(EXIT_ENGINE_ORPHANED)
+
+    threading.Thread(target=read_commands, name="commands", daemon=True).start()
+    memory = _read_status_bytes("VmRSS")
+    channel.send(
+        "loaded",
+        load_seconds=round(load_seconds, 6),
+        memory_bytes=memory,
+        context_length=n_ctx,
+        chat_template=template.name,
+    )
+    while True:
+        command = waiting.get()
+        rid = str(command["rid"])
+
+        def cancelled(rid=rid) -> bool:
+            with lock:
+                return rid in cancels
+
+        try:
+            if cancelled():
+                raise Cancelled("the client went away before its turn")
+            finished = stream_generation(
+                llm,
+                llama_cpp,
+                template,
+                command,
+                n_ctx,
+                lambda text, rid=rid: channel.send("token", rid=rid, text=text),
+                cancelled,
+            )
+        except JobFailed as failure:
+            channel.send("request_failed", rid=rid, code=failure.code, message=failure.message)
+        except Cancelled as cancel:
+            channel.send("request_failed", rid=rid, code=JOB_CANCELLED, message=cancel.message)
+        else:
+            channel.send("finished", rid=rid, **finished)
+        with lock:
+            cancels.discard(rid)
+
+
 def _ended(returncode: int) -> str:
     """How a process ended, in words: `was killed by SIGABRT`, `exited with status 3`."""
     if returncode < 0:
@@ -906,6 +1298,7 @@ class EngineProcess:
         self._last_words: deque[str] = deque(maxlen=ENGINE_LAST_WORDS)
         self._abort: str | None = None
         self._readers: list[threading.Thread] = []
+        self._stdin_lock = threading.Lock()
 
     def start(self, request: dict) -> None:
         """Spawn it and hand it the request; its events arrive on next_event()."""
@@ -942,6 +1335,16 @@ class EngineProcess:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
+
+    def send(self, command: dict) -> bool:
+        """One more command line on its stdin (a deployment's); False if it is gone."""
+        with self._stdin_lock:
+            try:
+                self.process.stdin.write(json.dumps(command).encode() + b"\n")
+                self.process.stdin.flush()
+            except (OSError, ValueError):  # gone, or its stdin closed by end()
+                return False
+        return True
 
     def _read_events(self, fd: int) -> None:
         with os.fdopen(fd, "rb") as stream:
@@ -1116,6 +1519,98 @@ class Job:
             }
 
 
+class Deployment:
+    """A model kept loaded in an engine process of its own, and the generations it serves (S2).
+
+    Its supervisor thread starts the process, watches its deadlines and routes its events to
+    each generation's queue; handlers read status and submit generations under the lock.
+    """
+
+    def __init__(self, deployment_id: str, spec: DeploymentSpec, model_path: Path, gpu_layers: int) -> None:
+        self.id = deployment_id
+        self.spec = spec
+        self.model_path = model_path
+        self.gpu_layers = gpu_layers
+        self.lock = threading.Lock()
+        self.state = "loading"
+        self.error: dict | None = None
+        self.measured: dict = {"load_seconds": None, "memory_bytes": None}
+        self.context_length: int | None = None
+        self.chat_template: str | None = None
+        self.requests = 0
+        self.generated_tokens = 0
+        self.streams: dict[str, queue.Queue] = {}  # rid -> its events, for the handler that streams them
+        self.child: EngineProcess | None = None
+        self.stopping = threading.Event()
+        self.ended = threading.Event()
+
+    def status(self) -> dict:
+        with self.lock:
+            return {
+                "id": self.id,
+                "state": self.state,
+                "model_path": self.spec.model_path,
+                "context_length": self.context_length or self.spec.context_length,
+                "n_gpu_layers": self.gpu_layers,
+                "chat_template": self.chat_template,
+                "error": self.error,
+                "measured": {**self.measured, "requests": self.requests, "generated_tokens": self.generated_tokens},
+                "in_flight": len(self.streams),
+            }
+
+    def open_stream(self, request: GenerationRequest) -> tuple[str, queue.Queue]:
+        """Hand a generation to the engine process: its id and the queue its events come on."""
+        with self.lock:
+            if self.state != "ready":
+                why = f": {self.error['message']}" if self.error else ""
+                raise RequestError(
+                    409,
+                    WORKER_DEPLOYMENT_NOT_READY,
+                    f"deployment {self.id} is {self.state}{why}",
+                    self.state == "loading",
+                )
+            if len(self.streams) > DEPLOYMENT_QUEUE:
+                raise RequestError(
+                    429,
+                    WORKER_BUSY,
+                    f"deployment {self.id} has {len(self.streams)} requests in hand; try again shortly",
+                    True,
+                )
+            rid = uuid.uuid4().hex
+            events: queue.Queue = queue.Queue()
+            self.streams[rid] = events
+            self.requests += 1
+        if not self.child.send({"op": "generate", "rid": rid, **request.to_engine()}):
+            self.close_stream(rid)
+            raise RequestError(503, WORKER_DEPLOYMENT_NOT_READY, f"deployment {self.id}'s engine process is gone", True)
+        return rid, events
+
+    def cancel_stream(self, rid: str) -> None:
+        """The client hung up: stop its generation (within one token) or its turn in the queue."""
+        self.child.send({"op": "cancel", "rid": rid})
+
+    def close_stream(self, rid: str) -> None:
+        with self.lock:
+            self.streams.pop(rid, None)
+
+    def _route(self, event: dict) -> None:
+        with self.lock:
+            events = self.streams.get(str(event.get("rid")))
+            if event.get("event") == "finished" and isinstance(event.get("usage"), dict):
+                self.generated_tokens += int(event["usage"].get("completion_tokens") or 0)
+        if events is not None:
+            events.put(event)
+
+    def end(self, state: str, error: dict | None = None) -> None:
+        """The deployment is over (stopped, or failed): every open generation hears it."""
+        with self.lock:
+            self.state, self.error = state, error
+            streams = list(self.streams.values())
+        failure = error or {"code": WORKER_DEPLOYMENT_NOT_READY, "message": f"deployment {self.id} was stopped"}
+        for events in streams:
+            events.put({"event": "request_failed", "code": failure["code"], "message": failure["message"]})
+
+
 class Worker:
     """The one job slot, with the engine and NVML: what the socket's requests ask of them.
 
@@ -1129,6 +1624,7 @@ class Worker:
         self.engine = engine
         self._lock = threading.Lock()
         self._job: Job | None = None
+        self._deployments: dict[str, Deployment] = {}
 
     def info(self) -> dict:
         """GET /v1/info."""
@@ -1144,6 +1640,9 @@ class Worker:
             "engines": [self.engine.info()],
             "devices": self.nvml.devices,
             "job": job_summary,
+            # S2, S5: the agent advertises runtime.serve.v1 while a worker answers with this.
+            "serving": {"max_deployments": MAX_DEPLOYMENTS, "queue_per_deployment": DEPLOYMENT_QUEUE},
+            "deployments": [{"id": each.id, "state": each.status()["state"]} for each in self.deployments()],
         }
 
     def submit(self, body: object) -> dict:
@@ -1181,8 +1680,185 @@ class Worker:
             job.finished.wait(CANCEL_REPLY_WAIT_SECONDS)
         return job.status()
 
+    # -- deployments (S2): a model kept loaded between requests
+
+    def deployments(self) -> list[Deployment]:
+        with self._lock:
+            return list(self._deployments.values())
+
+    def deployment(self, deployment_id: str) -> Deployment:
+        """The deployment with this id, or 404 WORKER_DEPLOYMENT_UNKNOWN."""
+        with self._lock:
+            found = self._deployments.get(deployment_id)
+        if found is None:
+            raise RequestError(
+                404,
+                WORKER_DEPLOYMENT_UNKNOWN,
+                f"no deployment {deployment_id} here (the worker restarted, or never had it)",
+            )
+        return found
+
+    def put_deployment(self, deployment_id: str, body: object) -> dict:
+        """PUT /v1/deployments/{id}: load the model in an engine process of its own and keep it.
+
+        The same id and body again answers its status (a lost reply is harmless); the same id
+        with another body is a conflict, to be stopped first; a failed or stopped one is
+        replaced."""
+        if not JOB_ID_PATTERN.fullmatch(deployment_id):
+            raise invalid("id", "must be 1-128 letters, digits, '.', '_' or '-'")
+        spec = parse_deployment_spec(body)
+        with self._lock:
+            existing = self._deployments.get(deployment_id)
+            if existing is not None and existing.status()["state"] in ("loading", "ready"):
+                if existing.spec != spec:
+                    raise RequestError(
+                        409,
+                        WORKER_DEPLOYMENT_CONFLICT,
+                        f"deployment {deployment_id} runs with other settings; stop it first",
+                    )
+                return existing.status()
+            live = [each for each in self._deployments.values() if each.status()["state"] in ("loading", "ready")]
+            if len(live) >= MAX_DEPLOYMENTS:
+                raise RequestError(409, WORKER_BUSY, f"this worker keeps at most {MAX_DEPLOYMENTS} models loaded", True)
+            model_path = resolve_model_path(self.config.artifact_dir, spec.model_path)
+            engine = self.engine.info()  # a broken install is a 500 before anything starts
+            gpu_layers = self._gpu_layers(engine, spec)
+            deployment = Deployment(deployment_id, spec, model_path, gpu_layers)
+            self._deployments[deployment_id] = deployment
+        log.info("deployment %s accepted: %s", deployment_id, spec.model_path)
+        threading.Thread(
+            target=self._serve, args=(deployment,), name=f"deployment-{deployment_id}", daemon=True
+        ).start()
+        return deployment.status()
+
+    def stop_deployment(self, deployment_id: str) -> dict:
+        """DELETE /v1/deployments/{id}: kill its engine process (the model is freed) and answer once it is gone."""
+        deployment = self.deployment(deployment_id)
+        deployment.stopping.set()
+        if deployment.child is not None:
+            deployment.child.kill()
+        deployment.ended.wait(ENGINE_EXIT_SECONDS)
+        return deployment.status()
+
+    def _serve(self, deployment: Deployment) -> None:
+        """The deployment's supervisor: its engine process from spawn to end, every wait bounded."""
+        child = EngineProcess(f"deployment {deployment.id}: engine process", self.config.artifact_dir)
+        deployment.child = child
+        request = {
+            "op": "serve",
+            "model_path": str(deployment.model_path),
+            "context_length": deployment.spec.context_length,
+            "n_gpu_layers": deployment.gpu_layers,
+        }
+        started = heard = heard_ready = time.monotonic()
+        ready = loaded = False
+        state, error = "failed", None
+        try:
+            child.start(request)
+            log.info("deployment %s: engine process %d started", deployment.id, child.pid)
+            while not deployment.stopping.is_set():
+                now = time.monotonic()
+                if not ready:
+                    deadline, doing = started + ENGINE_START_SECONDS, f"start within {ENGINE_START_SECONDS:g} s"
+                elif not loaded:
+                    deadline, doing = (
+                        heard_ready + MODEL_LOAD_SECONDS,
+                        f"load the model within {MODEL_LOAD_SECONDS:g} s",
+                    )
+                else:
+                    deadline, doing = (
+                        heard + ENGINE_SILENCE_SECONDS,
+                        f"stay responsive (silent {ENGINE_SILENCE_SECONDS:g} s)",
+                    )
+                if ready:
+                    deadline = min(deadline, heard + ENGINE_SILENCE_SECONDS)
+                try:
+                    event = child.next_event(min(deadline - now, 0.5))
+                except queue.Empty:
+                    if time.monotonic() >= deadline:
+                        child.kill()
+                        error = self._deployment_error(child, loaded, f"did not {doing}; killed")
+                        return
+                    continue
+                if event is None:
+                    if deployment.stopping.is_set():
+                        break
+                    code = child.wait(ENGINE_EXIT_SECONDS)
+                    words = child.last_words()
+                    how = _ended(code) if code is not None else "closed its channel"
+                    error = self._deployment_error(child, loaded, how + (f"; it said: {words}" if words else ""))
+                    return
+                heard = time.monotonic()
+                kind = event.get("event")
+                if kind == "ready":
+                    ready, heard_ready = True, heard
+                elif kind == "loaded":
+                    loaded = True
+                    with deployment.lock:
+                        deployment.state = "ready"
+                        deployment.context_length = event.get("context_length")
+                        deployment.chat_template = event.get("chat_template")
+                        deployment.measured.update(
+                            load_seconds=event.get("load_seconds"), memory_bytes=event.get("memory_bytes")
+                        )
+                    log.info("deployment %s ready: loaded in %s s", deployment.id, event.get("load_seconds"))
+                elif kind in ("token", "finished", "request_failed"):
+                    deployment._route(event)
+                elif kind == "log":
+                    level = event.get("level") if isinstance(event.get("level"), int) else logging.WARNING
+                    log.log(level, "deployment %s: %s", deployment.id, event.get("message"))
+                elif kind == "abort":
+                    child.aborting(str(event.get("message")))
+                elif kind == "failed":
+                    code = str(event.get("code") or WORKER_INTERNAL_ERROR)
+                    error = {
+                        "code": code,
+                        "message": child.scrub(str(event.get("message"))),
+                        "retryable": event.get("retryable") is True,
+                    }
+                    return
+            state = "stopped"
+        except OSError as failure:
+            error = {
+                "code": WORKER_INTERNAL_ERROR,
+                "message": f"the engine process cannot start ({failure})",
+                "retryable": True,
+            }
+        finally:
+            child.end()
+            if deployment.stopping.is_set():
+                state, error = "stopped", None
+            deployment.end(state, error)
+            deployment.ended.set()
+            log.info(
+                "deployment %s %s%s", deployment.id, state, f" ({error['code']}: {error['message']})" if error else ""
+            )
+
+    @staticmethod
+    def _deployment_error(child: EngineProcess, loaded: bool, what: str) -> dict:
+        """An engine process that died or was killed: MODEL_LOAD_FAILED before the model was
+        loaded, RUNTIME_ENGINE_CRASHED after (W1's codes; neither retryable)."""
+        log.error("%s (pid %s) %s", child.label, child.pid, what)
+        if not loaded:
+            return {
+                "code": MODEL_LOAD_FAILED,
+                "message": f"llama.cpp's process {what} while loading the model",
+                "retryable": False,
+            }
+        return {
+            "code": RUNTIME_ENGINE_CRASHED,
+            "message": f"llama.cpp's process {what} while serving",
+            "retryable": False,
+        }
+
     def stop(self) -> None:
-        """Cancel a running job and wait for its engine process to be gone (SIGTERM)."""
+        """Cancel a running job, stop every deployment, and wait for their engine processes to be gone (SIGTERM)."""
+        for deployment in self.deployments():
+            deployment.stopping.set()
+            if deployment.child is not None:
+                deployment.child.kill()
+        for deployment in self.deployments():
+            deployment.ended.wait(STOP_WAIT_SECONDS)
         with self._lock:
             job = self._job
         if job is not None and job.running:
@@ -1355,7 +2031,7 @@ class Worker:
         when = f"while running the job (phase {phase})"
         return JobFailed(RUNTIME_ENGINE_CRASHED, f"llama.cpp's process {what} {when}{detail}")
 
-    def _gpu_layers(self, engine: dict, params: BenchmarkParams | GenerateParams) -> int:
+    def _gpu_layers(self, engine: dict, params: BenchmarkParams | GenerateParams | DeploymentSpec) -> int:
         """Layers to offload: as asked (default all) with a CUDA engine and a GPU, else 0."""
         if engine["backend"] != "cuda" or not self.nvml.devices:
             return 0
@@ -1394,6 +2070,9 @@ class WorkerHandler(BaseHTTPRequestHandler):
         (re.compile(r"/v1/jobs"), ("POST",), "submit"),
         (re.compile(r"/v1/jobs/(?P<job_id>[^/]+)"), ("GET",), "status"),
         (re.compile(r"/v1/jobs/(?P<job_id>[^/]+)/cancel"), ("POST",), "cancel"),
+        (re.compile(r"/v1/deployments"), ("GET",), "deployments"),
+        (re.compile(r"/v1/deployments/(?P<deployment_id>[^/]+)"), ("GET", "PUT", "DELETE"), "deployment"),
+        (re.compile(r"/v1/deployments/(?P<deployment_id>[^/]+)/generate"), ("POST",), "generate"),
     )
 
     def address_string(self) -> str:
@@ -1427,7 +2106,9 @@ class WorkerHandler(BaseHTTPRequestHandler):
                     raise RequestError(
                         405, WORKER_METHOD_NOT_ALLOWED, f"{self.command} {path}: use {', '.join(methods)}"
                     )
-                self._answer(*getattr(self, "_" + action)(body, **match.groupdict()))
+                answer = getattr(self, "_" + action)(body, **match.groupdict())
+                if answer is not None:  # a streamed answer has gone out already
+                    self._answer(*answer)
                 return
             raise RequestError(404, WORKER_ROUTE_UNKNOWN, f"no route {path}")
         except RequestError as refusal:
@@ -1484,14 +2165,89 @@ class WorkerHandler(BaseHTTPRequestHandler):
     def _info(self, _body: bytes) -> tuple[int, dict]:
         return 200, self.server.worker.info()
 
-    def _submit(self, body: bytes) -> tuple[int, dict]:
+    @staticmethod
+    def _json(body: bytes) -> object:
         try:
-            document = json.loads(body)
+            return json.loads(body)
         except RecursionError:
-            raise invalid("body", "is nested too deeply to be a job") from None
+            raise invalid("body", "is nested too deeply") from None
         except ValueError as error:  # not JSON, not UTF-8, or a number of more than 4300 digits
             raise invalid("body", f"is not JSON ({error})") from None
-        return 202, self.server.worker.submit(document)
+
+    def _submit(self, body: bytes) -> tuple[int, dict]:
+        return 202, self.server.worker.submit(self._json(body))
+
+    def _deployments(self, _body: bytes) -> tuple[int, dict]:
+        return 200, {"deployments": [each.status() for each in self.server.worker.deployments()]}
+
+    def _deployment(self, body: bytes, deployment_id: str) -> tuple[int, dict]:
+        worker = self.server.worker
+        if self.command == "PUT":
+            return 202, worker.put_deployment(deployment_id, self._json(body))
+        if self.command == "DELETE":
+            return 200, worker.stop_deployment(deployment_id)
+        return 200, worker.deployment(deployment_id).status()
+
+    def _generate(self, body: bytes, deployment_id: str) -> None:
+        """Stream one generation as JSON lines (chunked): `token` events, then `finished` or
+        `request_failed`. A client that hangs up cancels it within one token (S5)."""
+        deployment = self.server.worker.deployment(deployment_id)
+        request = parse_generation_request(self._json(body))
+        rid, events = deployment.open_stream(request)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-ndjson")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.flush()
+            gone = False
+
+            def hang_up() -> None:
+                nonlocal gone
+                gone = True
+                log.info("deployment %s: the client of %s hung up; cancelling it", deployment.id, rid)
+                deployment.cancel_stream(rid)
+
+            while True:
+                try:
+                    event = events.get(timeout=STREAM_POLL_SECONDS)
+                except queue.Empty:
+                    if not gone and self._client_gone():
+                        hang_up()
+                    continue
+                if not gone:
+                    try:
+                        self._chunk(
+                            json.dumps({key: value for key, value in event.items() if key != "rid"}).encode() + b"\n"
+                        )
+                    except OSError:
+                        hang_up()
+                if event.get("event") in ("finished", "request_failed"):
+                    break
+            if not gone:
+                try:
+                    self._chunk(b"")
+                except OSError:
+                    pass
+            self.close_connection = self.close_connection or gone
+        finally:
+            deployment.close_stream(rid)
+
+    def _chunk(self, data: bytes) -> None:
+        """One chunk of a chunked answer (an empty one ends it)."""
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end: readable with nothing to read."""
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _status(self, _body: bytes, job_id: str) -> tuple[int, dict]:
         return 200, self.server.worker.job(job_id).status()

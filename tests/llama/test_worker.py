@@ -119,7 +119,7 @@ def test_info_names_the_worker_engine_and_no_gpu_in_cpu_mode(worker):
     assert info["engines"] == [{"name": "llama.cpp", "version": "0.3.36", "backend": info["engines"][0]["backend"]}]
     assert info["engines"][0]["backend"] in ("cpu", "cuda")
     assert info["devices"] == []
-    assert set(info) == {"worker_version", "protocol_version", "engines", "devices", "job"}
+    assert set(info) == {"worker_version", "protocol_version", "engines", "devices", "job", "serving", "deployments"}
 
 
 def test_the_socket_is_created_mode_0660(worker):

@@ -84,11 +84,13 @@ def write_tiny_llama(
     byte_tokens: bool = True,
     repeat: str | None = None,
     block_count: int | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Write a random-weight llama GGUF to ``path``; the same seed gives the same bytes.
 
     `byte_tokens` and `repeat` shape the vocabulary (see vocabulary()); `block_count` is the layer
-    count the metadata claims, `n_layer` by default (the tensors are always `n_layer`'s).
+    count the metadata claims, `n_layer` by default (the tensors are always `n_layer`'s);
+    `chat_template` is stored as the model's Jinja chat template.
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -118,6 +120,8 @@ def write_tiny_llama(
     writer.add_unk_token_id(UNK_ID)
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
+    if chat_template is not None:  # tokenizer.chat_template, as converted models carry it
+        writer.add_chat_template(chat_template)
 
     ones = np.ones(n_embd, dtype=np.float32)
     writer.add_tensor("token_embd.weight", _weights(rng, n_vocab, n_embd))
