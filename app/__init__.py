@@ -81,6 +81,7 @@ _ID_ARGUMENTS = (
     ("job_id", "JOB_NOT_FOUND", "job"),
     ("root_id", "STORAGE_ROOT_NOT_FOUND", "storage root"),
     ("api_key_id", "API_KEY_NOT_FOUND", "API key"),
+    ("deployment_id", "DEPLOYMENT_NOT_FOUND", "deployment"),
 )
 
 

@@ -68,6 +68,11 @@ REVISION_PATTERN = r"^[A-Za-z0-9._/-]+$"
 MAX_REVISION_LENGTH = 200
 MAX_PATTERNS = 64
 MAX_PATTERN_LENGTH = 200
+
+# S2: a deployment's name is what clients send as OpenAI's `model` (letters, digits, . _ : / -).
+MAX_DEPLOYMENT_NAME_LENGTH = 64
+DEPLOYMENT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$"
+DEPLOYMENT_NAME_RULE = "1 to 64 letters, digits, . _ : / - starting with a letter or digit"
 # Larger whole numbers lose precision in JSON parsers that read every number as a double.
 MAX_BYTES = 2**62
 

@@ -52,6 +52,9 @@ STATUS_BY_CODE = {
     "DATABASE_NOT_WRITABLE": 503,  # issue 22: GET /healthz's write probe failed
     "API_KEY_NOT_FOUND": 404,
     "API_KEY_INVALID": 401,  # S1: unknown, revoked or expired client key
+    "DEPLOYMENT_NOT_FOUND": 404,
+    "DEPLOYMENT_NAME_TAKEN": 409,  # S2: a deployment that is not stopped holds the name
+    "NO_NODE_FITS": 409,  # S3: no node can serve it; the message names each node and why
 }
 
 # The API's code and next step for errors Werkzeug raises before or instead of a view.

@@ -37,9 +37,11 @@ def _before_api_request():
 VIEW_MODULES = (
     "acceptance",
     "agent",
+    "agent_deployments",
     "agent_jobs",
     "api_keys",
     "audit_events",
+    "deployments",
     "enrollments",
     "health",
     "jobs",

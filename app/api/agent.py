@@ -165,7 +165,10 @@ def inventory():
     security=(NODE_SCHEME,),
     body=bodies.HeartbeatRequest,
     replies={
-        200: (replies.HeartbeatAccepted, "Recorded; `storage_roots` only when the agent's etag is out of date (J1)")
+        200: (
+            replies.HeartbeatAccepted,
+            "Recorded; `storage_roots` (J1) and `deployments` (S2) each only when the agent's etag is out of date",
+        )
     },
     errors=(400, 401, 403, 413, 415, 426, 429),
 )
@@ -175,9 +178,18 @@ def heartbeat():
     samples = [sample.__dict__ for sample in body.telemetry]  # sampled_at is already a datetime
     observations = [storage.Observation(**seen.__dict__) for seen in body.storage_roots]
     beat = publishing.record_heartbeat(
-        publisher, versions, body.health.status, body.health.detail, samples, observations, body.storage_roots_etag
+        publisher,
+        versions,
+        body.health.status,
+        body.health.detail,
+        samples,
+        observations,
+        body.storage_roots_etag,
+        body.deployments_etag,
     )
     roots = {} if beat.storage_roots is None else {"storage_roots": beat.storage_roots}
+    if beat.deployments is not None:  # S2: only when the agent's copy is out of date
+        roots["deployments"] = beat.deployments
     if beat.clock_warning is not None:  # issue 22: readings dropped or stale; the agent logs the words
         roots["clock_warning"] = beat.clock_warning.to_dict()
     return _reply(
@@ -187,5 +199,6 @@ def heartbeat():
         node_id=publisher.node_id,
         jobs_waiting=beat.jobs_waiting,
         storage_roots_etag=beat.storage_roots_etag,
+        deployments_etag=beat.deployments_etag,
         **roots,
     )

@@ -38,7 +38,7 @@ from app.models.api_key import MAX_NAME_LENGTH as MAX_API_KEY_NAME_LENGTH
 from app.models.telemetry import METRICS
 from app.nodes import compat, publishing
 from app.nodes.enrollment import MAX_EXPIRY_SECONDS, MIN_EXPIRY_SECONDS
-from app.serving import api_keys
+from app.serving import api_keys, deployments
 from app.timeutil import parse_rfc3339
 
 MAX_GPUS = 64
@@ -458,6 +458,8 @@ class HeartbeatRequest(Versions):
     telemetry: Annotated[list[TelemetrySample], Field(max_length=MAX_GPUS)] = []
     storage_roots_etag: optional_text(64) = None
     storage_roots: Annotated[list[RootObservation], Field(max_length=MAX_GPUS)] = []
+    # S2: the agent's copy of its deployments list; the reply carries the list only when it differs.
+    deployments_etag: optional_text(64) = None
 
 
 AbsolutePath = Annotated[
@@ -508,6 +510,30 @@ ModelFile = Annotated[
 def bounded(bound: runtime.Bound) -> Any:
     """A whole-number runtime param within its bounds (app/jobs/runtime.py)."""
     return whole(bound.minimum, bound.maximum)
+
+
+DeploymentName = Annotated[
+    str,
+    StringConstraints(max_length=rules.MAX_DEPLOYMENT_NAME_LENGTH, pattern=rules.DEPLOYMENT_NAME_PATTERN),
+    Field(json_schema_extra={"description": f"What clients send as OpenAI's `model`: {rules.DEPLOYMENT_NAME_RULE}"}),
+]
+
+
+class DeploymentCreate(Body):
+    """S2: serve one model file of an acquired artifact under a name; without node_id, placed (S3)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: DeploymentName
+    artifact_id: Uuid
+    model_file: ModelFile
+    node_id: Uuid | None = None
+    tier: Literal[deployments.TIERS] = deployments.DEFAULT_TIER
+    context_length: bounded(deployments.CONTEXT_LENGTH) | None = Field(
+        None, description="Null: the model's own, capped at 8192 by the worker"
+    )
+    n_gpu_layers: bounded(deployments.N_GPU_LAYERS) | None = Field(None, description="Null or -1: every layer")
+    idle_unload_seconds: bounded(deployments.IDLE_UNLOAD_SECONDS) = deployments.IDLE_UNLOAD_SECONDS.default
 
 
 class BenchmarkParams(Body):
@@ -741,6 +767,29 @@ class FailRequest(Versions):
     retryable: bool
 
 
+class DeploymentFailure(Body):
+    """S2: why a deployment failed on the node, in the API's error-code style."""
+
+    code: Annotated[str, StringConstraints(max_length=64, pattern=r"^[A-Z][A-Z0-9_]*$")]
+    message: text(1000)
+
+
+class DeploymentMeasured(Body):
+    """S2: what the node measured of a loaded deployment (memory: GPU by NVML, else RSS)."""
+
+    load_seconds: Seconds | None = None
+    memory_bytes: Bytes | None = None
+    context_length: Count | None = None
+
+
+class DeploymentStatusRequest(Versions):
+    """S2: the node reports what became of one of its deployments."""
+
+    state: Literal[deployments.REPORTED]
+    error: DeploymentFailure | None = None
+    measured: DeploymentMeasured | None = None
+
+
 # Messages in the API's own words, by pydantic error type; `{…}` are filled from the error's context.
 _MESSAGES = {
     "missing": "is required",
@@ -781,7 +830,10 @@ def _field_name(location: tuple[str | int, ...], prefix: str = "") -> str:
 
 
 # A pattern that is a rule of its own says which rule, not the generic printable-text words.
-_PATTERN_MESSAGES = {rules.RELATIVE_PATH_PATTERN: f"must be {rules.RELATIVE_PATH_RULE}"}
+_PATTERN_MESSAGES = {
+    rules.RELATIVE_PATH_PATTERN: f"must be {rules.RELATIVE_PATH_RULE}",
+    rules.DEPLOYMENT_NAME_PATTERN: f"must be {rules.DEPLOYMENT_NAME_RULE}",
+}
 
 
 def _message(error: dict[str, Any]) -> str:

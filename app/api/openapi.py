@@ -65,6 +65,10 @@ LINKS: dict[tuple[str, str, int], dict[str, tuple[str, str, dict[str, str], obje
     ("post", "/api/v1/admin/api-keys", 201): {
         "RevokeApiKey": ("delete", "/api/v1/admin/api-keys/{api_key_id}", {"api_key_id": _ROOT}, None),
     },
+    ("post", "/api/v1/admin/deployments", 201): {
+        "GetDeployment": ("get", "/api/v1/admin/deployments/{deployment_id}", {"deployment_id": _ROOT}, None),
+        "DeleteDeployment": ("delete", "/api/v1/admin/deployments/{deployment_id}", {"deployment_id": _ROOT}, None),
+    },
     ("post", "/api/v1/agent/enroll", 201): {
         "GetNode": ("get", "/api/v1/hardware/nodes/{node_id}", {"node_id": "$response.body#/node_id"}, None),
         "CreateStorageRoot": (

@@ -21,7 +21,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from app import acceptance, tokens
 from app.acceptance import checklist, uploads
 from app.jobs import queue
-from app.models import EnrollmentState, JobState
+from app.models import DeploymentState, EnrollmentState, JobState
 from app.nodes import compat
 
 
@@ -149,6 +149,63 @@ class ApiKeys(Reply):
     """S1: every client key, newest first."""
 
     api_keys: list[ApiKey]
+
+
+class DeploymentError(Reply):
+    """S2: why a deployment failed, as the node reported it, with what to do next."""
+
+    code: str
+    message: str | None
+    next_step: str | None
+
+
+class DeploymentPlacement(Reply):
+    """S2, S3: which node serves it, and why that one."""
+
+    node_id: Uuid
+    why: str
+
+
+class Measured(Reply):
+    """S2: what the node measured of the loaded model; a figure it could not read is null (P3)."""
+
+    load_seconds: float | None = None
+    memory_bytes: int | None = None
+    context_length: int | None = None
+
+
+class Deployment(Reply):
+    """S2: a deployment; `error` while failed, `measured` once the node loaded it."""
+
+    id: Uuid
+    name: str
+    state: one_of(DeploymentState)
+    node_id: Uuid
+    artifact_id: Uuid
+    model_file: str
+    tier: Literal["lab", "production"]
+    context_length: int | None
+    n_gpu_layers: int | None
+    idle_unload_seconds: int
+    placement: DeploymentPlacement
+    error: DeploymentError | None
+    created_at: datetime
+    ready_at: datetime | None
+    last_request_at: datetime | None
+    measured: Measured | None
+
+
+class Deployments(Reply):
+    """S2: deployments, newest first."""
+
+    deployments: list[Deployment]
+
+
+class DeploymentStatus(Reply):
+    """S2: the deployment's state after the node's report, as the control plane decided it."""
+
+    id: Uuid
+    state: one_of(DeploymentState)
 
 
 class Credential(Reply):
@@ -334,13 +391,27 @@ class ClockWarning(Reply):
     next_step: str
 
 
+class DeploymentToServe(Reply):
+    """S2: a deployment the agent is to load and keep loaded (`ready`), or to stop (`stopped`)."""
+
+    id: Uuid
+    name: str
+    desired: Literal["ready", "stopped"]
+    container_path: str = Field(description="The artifact's directory as the agent sees it")
+    model_file: str
+    context_length: int | None
+    n_gpu_layers: int | None
+
+
 class HeartbeatAccepted(Accepted):
-    """A2: recorded; `storage_roots` only when the agent's etag is out of date (J1); `clock_warning`
-    only when the node's clock cost readings (issue 22)."""
+    """A2: recorded; `storage_roots` only when the agent's etag is out of date (J1), `deployments`
+    likewise (S2); `clock_warning` only when the node's clock cost readings (issue 22)."""
 
     jobs_waiting: Count
     storage_roots_etag: str = None
     storage_roots: list[RootToWatch] = None
+    deployments_etag: str
+    deployments: list[DeploymentToServe] = None
     clock_warning: ClockWarning = None
 
 

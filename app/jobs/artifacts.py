@@ -60,6 +60,18 @@ def record(job: Job, result: dict[str, object]) -> Artifact:
     return artifact
 
 
+def get(artifact_id: str) -> Artifact:
+    """The artifact with this id, or ARTIFACT_NOT_FOUND (runtime jobs and deployments read models from one)."""
+    artifact = db.session.get(Artifact, artifact_id)
+    if artifact is None:
+        raise DomainError(
+            "ARTIFACT_NOT_FOUND",
+            f"No artifact has id {artifact_id!r}.",
+            "Acquire the model onto the node first, then list its artifacts (GET /api/v1/admin/nodes/{id}/artifacts).",
+        )
+    return artifact
+
+
 def for_node(node_id: str) -> list[Artifact]:
     """A node's artifacts, newest verification first."""
     return list(

@@ -60,13 +60,7 @@ def get(job_id: str) -> Job:
 
 def _artifact_on(node_id: str, artifact_id: str) -> Artifact:
     """W2: the artifact a runtime job runs a model of, which must lie on the job's own node."""
-    artifact = db.session.get(Artifact, artifact_id)
-    if artifact is None:
-        raise DomainError(
-            "ARTIFACT_NOT_FOUND",
-            f"No artifact has id {artifact_id!r}.",
-            "Acquire the model onto the node first, then list its artifacts (GET /api/v1/admin/nodes/{id}/artifacts).",
-        )
+    artifact = artifacts.get(artifact_id)
     if artifact.node_id != node_id:
         raise DomainError(
             "ARTIFACT_NOT_ON_NODE",

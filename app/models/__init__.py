@@ -5,6 +5,7 @@ from app.models.alerts import AlertCursor, AlertDelivery, AlertDeliveryState
 from app.models.api_key import ApiKey
 from app.models.audit import AuditEvent
 from app.models.credential import Credential
+from app.models.deployment import Deployment, DeploymentState
 from app.models.enrollment import Enrollment, EnrollmentState
 from app.models.inventory import Gpu, NodeInventory
 from app.models.jobs import Artifact, Job, JobState, StorageRoot
@@ -23,6 +24,8 @@ __all__ = [
     "Artifact",
     "AuditEvent",
     "Credential",
+    "Deployment",
+    "DeploymentState",
     "Enrollment",
     "EnrollmentState",
     "Gpu",

@@ -59,6 +59,9 @@ class NodeLease(db.Model):
     # heartbeat reply hands the agent as an etag so it fetches the list only when it moved (J1).
     capabilities: Mapped[list[str]] = mapped_column(sa.JSON, default=list, server_default="[]")
     storage_roots_version: Mapped[int] = mapped_column(default=0, server_default="0")
+    # S2: bumped with every change to the node's desired deployments (create, delete), and handed to
+    # the agent as `deployments_etag` the same way.
+    deployments_version: Mapped[int] = mapped_column(default=0, server_default="0")
     # W1: the runtime worker as the agent last reported it (inventory): its facts, or why none
     # answered, and the compatibility answer for its protocol; runtime.* capabilities are kept
     # only while that answer is COMPATIBLE.

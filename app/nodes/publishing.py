@@ -30,6 +30,7 @@ from app.models import (
 from app.models.telemetry import METRICS
 from app.nodes import rate_limits
 from app.nodes.compat import RUNTIME_WORKER, answer_for
+from app.serving import deployments
 from app.timeutil import isoformat, utcnow
 
 logger = logging.getLogger("modelforge.publishing")
@@ -91,7 +92,7 @@ _HEARTBEAT_WHILE_ONLINE = (
         _leases.c.last_heartbeat_at <= sa.bindparam("accept_before"),
     )
     .values({name: sa.bindparam(name) for name in _BEAT_COLUMNS})
-    .returning(_leases.c.capabilities, _leases.c.storage_roots_version)
+    .returning(_leases.c.capabilities, _leases.c.storage_roots_version, _leases.c.deployments_version)
 )
 _LEASE_STATUS_LOCKED = (
     sa.select(_leases.c.status, _leases.c.last_heartbeat_at)
@@ -102,7 +103,7 @@ _HEARTBEAT_BRINGING_ONLINE = (
     _leases.update()
     .where(_leases.c.node_id == sa.bindparam("lease_node_id"))
     .values({name: sa.bindparam(name) for name in _BEAT_COLUMNS} | {"status": "online"})
-    .returning(_leases.c.capabilities, _leases.c.storage_roots_version)
+    .returning(_leases.c.capabilities, _leases.c.storage_roots_version, _leases.c.deployments_version)
 )
 _gpus = Gpu.__table__
 _GPU_IDS = sa.select(_gpus.c.uuid, _gpus.c.id).where(_gpus.c.node_id == sa.bindparam("gpu_node_id"))
@@ -333,6 +334,8 @@ class BeatReply:
     jobs_waiting: int
     storage_roots_etag: str
     storage_roots: list[dict[str, object]] | None  # only when the agent's copy is out of date
+    deployments_etag: str = "0"
+    deployments: list[dict[str, object]] | None = None  # S2: likewise
     clock_warning: ClockWarning | None = None  # issue 22: readings the node's clock cost
 
 
@@ -344,6 +347,7 @@ def record_heartbeat(
     samples: list[dict[str, object]],
     observations: list[storage.Observation] = (),
     roots_etag: str | None = None,
+    deployments_etag: str | None = None,
 ) -> BeatReply:
     """L2: one narrow lease UPDATE (liveness) and one batch INSERT (telemetry), one commit.
 
@@ -395,6 +399,11 @@ def record_heartbeat(
     roots = None
     if roots_etag != etag:
         roots = storage.agent_view(publisher.node_id) if lease.storage_roots_version else []
+    # S2: the deployments list the same way, by its own counter.
+    served_etag = str(lease.deployments_version)
+    served = None
+    if deployments_etag != served_etag:
+        served = deployments.agent_view(publisher.node_id) if lease.deployments_version else []
     # J2: on SQLite the count is asked after the commit, as a reader, so it never holds the writers'
     # lock another node's heartbeat waits for; PostgreSQL has no such lock, and a second
     # transaction there would only cost a round trip, so it is asked in this one.
@@ -406,7 +415,14 @@ def record_heartbeat(
     if lease.capabilities and sqlite:
         begin_read_only()
         waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities)
-    return BeatReply(jobs_waiting=waiting, storage_roots_etag=etag, storage_roots=roots, clock_warning=clock)
+    return BeatReply(
+        jobs_waiting=waiting,
+        storage_roots_etag=etag,
+        storage_roots=roots,
+        deployments_etag=served_etag,
+        deployments=served,
+        clock_warning=clock,
+    )
 
 
 def note_versions(node_id: str, versions: Versions) -> None:

@@ -1,1 +1,1 @@
-"""Serving (S): what nodes exist for. Client API keys today; deployments and the relay next."""
+"""Serving (S): what nodes exist for. Client API keys and deployments today; the relay next."""

@@ -335,7 +335,7 @@ UNSUPPORTED_PROTOCOL_VERSIONS = [
 def _agent_json_operations() -> list[tuple[str, dict]]:
     """Every agent operation that takes a JSON body, its path made concrete."""
     return [
-        (path.replace("{job_id}", str(uuid.uuid4())), item["post"])
+        (re.sub(r"\{[a-z_]+_id\}", str(uuid.uuid4()), path), item["post"])
         for path, item in document()["paths"].items()
         if path.startswith("/api/v1/agent/") and "application/json" in item["post"]["requestBody"]["content"]
     ]

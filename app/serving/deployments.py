@@ -1,0 +1,273 @@
+"""Deployments (S2): create, place, list, stop, and the node's reports of what it loaded.
+
+A deployment is desired state for one node: the heartbeat reply hands the node its list whenever
+`node_leases.deployments_version` moved (the etag, as storage roots do, J1), and the node reports
+each deployment's state back (`report`). The operator's delete only asks for `stopping`; the node
+confirms `stopped`. Every change of state is audited once (`deployment.*`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+from app import audit
+from app.errors import DomainError
+from app.extensions import db
+from app.jobs import artifacts, runtime
+from app.models import Artifact, Deployment, DeploymentState, NodeLease
+from app.timeutil import utcnow
+
+TIERS = ("lab", "production")
+DEFAULT_TIER = "lab"
+# S2: what an operator may ask for. The context's default is the model's own, capped at the top.
+CONTEXT_LENGTH = runtime.Bound(16, 8192, 8192)
+N_GPU_LAYERS = runtime.N_GPU_LAYERS  # -1: every layer on the GPU, as runtime jobs say it
+IDLE_UNLOAD_SECONDS = runtime.Bound(0, 7 * 86_400, 900)  # 0 keeps the model loaded
+
+# What the node may report, and what it is then asked for: `desired` in the heartbeat's list.
+REPORTED = ("loading", "ready", "failed", "stopped")
+# Desired ready: the node is to load (or keep) these; stopping: to stop them and confirm.
+_DESIRED_READY = (DeploymentState.PENDING, DeploymentState.LOADING, DeploymentState.READY, DeploymentState.FAILED)
+_ACTIVE_STATES = (*_DESIRED_READY, DeploymentState.STOPPING)
+
+# S2: the next step for each error code a node reports; any other code gets the last words.
+NEXT_STEPS = {
+    "MODEL_LOAD_FAILED": "Pick another model_file or acquire the model again, then create the deployment anew.",
+    "RUNTIME_ENGINE_CRASHED": "llama.cpp died loading or running this model; pick another model_file or acquire "
+    "the model again, then create the deployment anew.",
+    "RUNTIME_WORKER_UNAVAILABLE": "Start the runtime worker on the node (its container, or `make run-worker`) and "
+    "check that it shares the socket with the agent; the node loads the deployment once it answers.",
+}
+OTHER_FAILURE = "Check the node agent's and runtime worker's logs, then delete the deployment and create it again."
+
+
+@dataclass(frozen=True)
+class Request:
+    """What an operator asks for; the bounds above are checked by the API's body before it gets here."""
+
+    name: str
+    artifact_id: str
+    model_file: str
+    node_id: str | None = None
+    tier: str = DEFAULT_TIER
+    context_length: int | None = None
+    n_gpu_layers: int | None = None
+    idle_unload_seconds: int = IDLE_UNLOAD_SECONDS.default
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which node serves a deployment, and why it was chosen (S3 adds the memory estimate)."""
+
+    node_id: str
+    why: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"node_id": self.node_id, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a node says of one of its deployments (the agent's status body, field for field)."""
+
+    state: str
+    error_code: str | None = None
+    error_message: str | None = None
+    measured: dict[str, object] | None = None
+
+
+def _changed(node_id: str) -> None:
+    # S2: the heartbeat reply hands this counter to the agent as `deployments_etag` (as J1's roots).
+    db.session.execute(
+        sa.update(NodeLease)
+        .where(NodeLease.node_id == node_id)
+        .values(deployments_version=NodeLease.deployments_version + 1)
+    )
+
+
+def _audit(deployment: Deployment, action: str, actor: str, **details: object) -> None:
+    audit.record(
+        actor,
+        f"deployment.{action}",
+        deployment.node_id,
+        deployment_id=deployment.id,
+        name=deployment.name,
+        **details,
+    )
+
+
+def _name_taken(name: str) -> DomainError:
+    return DomainError(
+        "DEPLOYMENT_NAME_TAKEN",
+        f"A deployment that is not stopped is already named {name!r}; clients use the name as `model`.",
+        "Pick another name, or delete that deployment and wait for it to stop.",
+        field="name",
+    )
+
+
+def place(artifact: Artifact, node_id: str | None) -> Placement:
+    """S3's seam: the node that will serve `artifact`, or NO_NODE_FITS naming the node and why.
+
+    For now the one rule is that the node holds the artifact (its worker reads the file from its own
+    disk); eligibility by tier and the memory fit come with full placement.
+    """
+    if node_id is None:
+        return Placement(node_id=artifact.node_id, why="holds the artifact")
+    if node_id != artifact.node_id:
+        raise DomainError(
+            "NO_NODE_FITS",
+            f"Node {node_id} does not hold artifact {artifact.id} ({artifact.repo_id}); it lies on node "
+            f"{artifact.node_id}, and a deployment's worker reads the model from its own node's disk.",
+            "Leave node_id out to place it on the node that holds the artifact, or acquire the model onto "
+            f"node {node_id} first.",
+            field="node_id",
+        )
+    return Placement(node_id=node_id, why="named by the operator")
+
+
+def create(request: Request, actor: str = audit.OPERATOR) -> Deployment:
+    """Create a deployment in `pending` on its node; the node's next heartbeat reply lists it."""
+    artifact = artifacts.get(request.artifact_id)
+    placement = place(artifact, request.node_id)
+    if db.session.scalar(
+        sa.select(Deployment.id).where(Deployment.name == request.name, Deployment.state != DeploymentState.STOPPED)
+    ):
+        raise _name_taken(request.name)
+    now = utcnow()
+    deployment = Deployment(
+        name=request.name,
+        node_id=placement.node_id,
+        artifact_id=artifact.id,
+        model_file=request.model_file,
+        tier=request.tier,
+        context_length=request.context_length,
+        n_gpu_layers=request.n_gpu_layers,
+        idle_unload_seconds=request.idle_unload_seconds,
+        state=DeploymentState.PENDING,
+        placement=placement.to_dict(),
+        created_at=now,
+        updated_at=now,
+    )
+    db.session.add(deployment)
+    try:
+        db.session.flush()
+    except IntegrityError:  # another request took the name between the check and the insert
+        db.session.rollback()
+        raise _name_taken(request.name) from None
+    _changed(placement.node_id)
+    _audit(deployment, "created", actor, artifact_id=artifact.id, model_file=request.model_file, tier=request.tier)
+    db.session.commit()
+    return deployment
+
+
+def _not_found(deployment_id: str) -> DomainError:
+    return DomainError(
+        "DEPLOYMENT_NOT_FOUND",
+        f"No deployment has id {deployment_id!r}.",
+        "List deployments with GET /api/v1/admin/deployments.",
+    )
+
+
+def get(deployment_id: str, lock: bool = False) -> Deployment:
+    """The deployment with this id, or DEPLOYMENT_NOT_FOUND; `lock` holds its row until the commit."""
+    deployment = db.session.get(Deployment, deployment_id, with_for_update=lock or None)
+    if deployment is None:
+        raise _not_found(deployment_id)
+    return deployment
+
+
+def list_all(node_id: str | None = None) -> list[Deployment]:
+    """Deployments newest first, stopped ones too (their history), optionally one node's."""
+    query = sa.select(Deployment).order_by(Deployment.created_at.desc(), Deployment.id.desc())
+    if node_id is not None:
+        query = query.where(Deployment.node_id == node_id)
+    return list(db.session.scalars(query))
+
+
+def delete(deployment_id: str, actor: str = audit.OPERATOR) -> Deployment:
+    """Ask the node to stop it (`stopping`); one already stopping or stopped comes back unchanged."""
+    deployment = get(deployment_id, lock=True)
+    if deployment.state in (DeploymentState.STOPPING, DeploymentState.STOPPED):
+        db.session.rollback()
+        return get(deployment_id)
+    previous = deployment.state
+    deployment.state = DeploymentState.STOPPING
+    deployment.updated_at = utcnow()
+    _changed(deployment.node_id)
+    _audit(deployment, "stopping", actor, previous=previous)
+    db.session.commit()
+    return deployment
+
+
+def agent_view(node_id: str) -> list[dict[str, object]]:
+    """S2: the node's deployments as its agent is told them: what to load (ready) and what to stop."""
+    rows = db.session.execute(
+        sa.select(Deployment, Artifact.container_path)
+        .join(Artifact, Artifact.id == Deployment.artifact_id)
+        .where(Deployment.node_id == node_id, Deployment.state.in_([str(state) for state in _ACTIVE_STATES]))
+        .order_by(Deployment.created_at, Deployment.id)
+    )
+    return [
+        {
+            "id": deployment.id,
+            "name": deployment.name,
+            "desired": "stopped" if deployment.state == DeploymentState.STOPPING else "ready",
+            "container_path": container_path,
+            "model_file": deployment.model_file,
+            "context_length": deployment.context_length,
+            "n_gpu_layers": deployment.n_gpu_layers,
+        }
+        for deployment, container_path in rows
+    ]
+
+
+def _next_state(current: str, reported: str) -> str:
+    """S2: where a node's report takes a deployment; the operator's stop always wins."""
+    if current == DeploymentState.STOPPED:
+        return current  # history: nothing a node says brings it back
+    if current == DeploymentState.STOPPING:
+        return DeploymentState.STOPPED if reported == "stopped" else current  # the node will stop it
+    if reported == "stopped":
+        return current  # still wanted: the node is to load it again, and says so with `loading`
+    return reported
+
+
+def report(node_id: str, deployment_id: str, sent: Report) -> Deployment:
+    """Apply a node's report on one of its own deployments; the same report twice changes nothing.
+
+    Another node's deployment is not found, exactly as an unknown id: a node learns nothing of the
+    others'.
+    """
+    deployment = db.session.get(Deployment, deployment_id, with_for_update=True)
+    if deployment is None or deployment.node_id != node_id:
+        raise _not_found(deployment_id)
+    state = _next_state(deployment.state, sent.state)
+    if state == deployment.state:
+        db.session.rollback()
+        return get(deployment_id)
+    now = utcnow()
+    actor = audit.agent_actor(node_id)
+    details: dict[str, object] = {"previous": deployment.state}
+    deployment.state = state
+    deployment.updated_at = now
+    if state == DeploymentState.READY:
+        deployment.ready_at = now
+        deployment.measured = sent.measured
+        deployment.error_code = deployment.error_message = deployment.error_next_step = None
+    elif state == DeploymentState.LOADING:
+        deployment.ready_at = None
+    elif state == DeploymentState.FAILED:
+        deployment.ready_at = None
+        deployment.error_code = sent.error_code or "DEPLOYMENT_FAILED"
+        deployment.error_message = sent.error_message or "The node reported the deployment failed without a reason."
+        deployment.error_next_step = NEXT_STEPS.get(deployment.error_code, OTHER_FAILURE)
+        details["error_code"] = deployment.error_code
+    elif state == DeploymentState.STOPPED:
+        deployment.ready_at = None
+        _changed(node_id)  # it leaves the node's list
+    _audit(deployment, state, actor, **details)
+    db.session.commit()
+    return deployment
