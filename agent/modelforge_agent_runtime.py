@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from modelforge_node_agent import (
     ERROR_CODE_PATTERN,
@@ -27,11 +28,13 @@ from modelforge_node_agent import (
     RUNTIME_BENCHMARK_JOB_TYPE,
     RUNTIME_GENERATE_JOB_TYPE,
     RUNTIME_WORKER_UNAVAILABLE,
+    Client,
     Config,
     Job,
     JobControl,
     JobFailure,
     Progress,
+    PublishError,
     WorkerClient,
     WorkerError,
     as_dict,
@@ -42,6 +45,7 @@ from modelforge_node_agent import (
     register_job_type,
     short_text,
     whole_number,
+    wire_versions,
 )
 
 MODEL_FILE_INVALID = "MODEL_FILE_INVALID"  # J2: this family's own error codes
@@ -360,6 +364,205 @@ def generate_summary(result: dict[str, object]) -> str:
     """`model.gguf: 2 prompt(s) answered` for the success log line."""
     outputs = result.get("outputs")
     return f"{result.get('model_file')}: {len(outputs) if isinstance(outputs, list) else 0} prompt(s) answered"
+
+
+# --------------------------------------------------------------------------- deployments (S2)
+#
+# The control plane holds the desired state: the heartbeat reply carries this node's deployments
+# whenever the agent's copy (deployments_etag) is out of date. After each heartbeat the agent
+# makes the worker match it (PUT a deployment the worker lacks, DELETE one that should stop or
+# that nobody wants), and reports each deployment's state as the worker has it, once per change.
+# A worker that restarts has lost its models; the next reconcile loads them again.
+
+WORKER_DEPLOYMENT_STATES = ("loading", "ready", "failed", "stopped")
+
+
+@dataclass(frozen=True)
+class DesiredDeployment:
+    """One of this node's deployments as the heartbeat reply names it."""
+
+    id: str
+    name: str
+    desired: str  # ready | stopped
+    request: RuntimeRequest
+    context_length: int | None
+    n_gpu_layers: int | None
+
+    @classmethod
+    def from_wire(cls, item: object) -> DesiredDeployment | None:
+        entry = as_dict(item)
+        deployment_id = entry.get("id")
+        if not isinstance(deployment_id, str) or not 0 < len(deployment_id) <= 128 or not deployment_id.isprintable():
+            return None
+        if entry.get("desired") not in ("ready", "stopped"):
+            return None
+        try:
+            # The same checks as a runtime job's file: a plain path inside an absolute artifact path.
+            request = RuntimeRequest.from_params(
+                {
+                    "artifact_id": deployment_id,
+                    "model_file": entry.get("model_file"),
+                    "container_path": entry.get("container_path"),
+                }
+            )
+        except JobFailure:
+            return None
+        return cls(
+            id=deployment_id,
+            name=short_text(entry.get("name"), 64) or deployment_id,
+            desired=str(entry["desired"]),
+            request=request,
+            context_length=whole_number(entry.get("context_length")),
+            n_gpu_layers=entry.get("n_gpu_layers") if isinstance(entry.get("n_gpu_layers"), int) else None,
+        )
+
+
+class Deployments:
+    """This node's deployments: the desired list, the worker's, and what was reported (S2)."""
+
+    def __init__(self, client: Client, worker: WorkerClient, artifact_dir: Path) -> None:
+        self.client = client
+        self.worker = worker
+        self.artifact_dir = artifact_dir
+        self.etag: str | None = None
+        self.desired: dict[str, DesiredDeployment] = {}
+        self.reported: dict[str, tuple[str, str | None]] = {}  # id -> (state, error code) the control plane has
+        self.refused: dict[str, JobFailure] = {}  # id -> why the agent itself would not load it
+
+    def heartbeat_fields(self) -> dict[str, object]:
+        """The etag of the list we hold; none at first, so the first reply carries the list."""
+        return {} if self.etag is None else {"deployments_etag": self.etag}
+
+    def take_reply(self, reply: dict[str, object]) -> None:
+        """Keep the list a heartbeat reply carries (only when our etag was out of date)."""
+        etag, items = reply.get("deployments_etag"), reply.get("deployments")
+        if not isinstance(etag, str) or not isinstance(items, list):
+            return
+        parsed = [DesiredDeployment.from_wire(item) for item in items]
+        kept = {each.id: each for each in parsed if each is not None}
+        if len(kept) != len(parsed):
+            log.warning("%d deployment(s) in the heartbeat reply were not usable; ignored", len(parsed) - len(kept))
+        if kept != self.desired:
+            log.info(
+                "deployments: %s",
+                ", ".join(f"{each.name} ({each.desired})" for each in kept.values()) or "none",
+            )
+        self.etag, self.desired = etag, kept
+        self.refused = {key: value for key, value in self.refused.items() if key in kept}
+        self.reported = {key: value for key, value in self.reported.items() if key in kept}
+
+    def reconcile(self, worker_serves: bool) -> None:
+        """Make the worker match the desired list and report what changed; never raises."""
+        if not self.desired and not self.reported:
+            return
+        if not worker_serves:  # nothing is loaded here: what should stop has, what should run cannot
+            for each in self.desired.values():
+                if each.desired == "stopped":
+                    self.report(each.id, "stopped", None)
+                else:
+                    unavailable = {
+                        "code": RUNTIME_WORKER_UNAVAILABLE,
+                        "message": "no runtime worker that serves answers on this node",
+                    }
+                    self.report(each.id, "failed", unavailable)
+            return
+        try:
+            present = {
+                str(item.get("id")): item
+                for item in self.worker.request("GET", "/v1/deployments").get("deployments") or []
+                if isinstance(item, dict)
+            }
+        except WorkerError as error:
+            log.warning("the runtime worker did not list its deployments: %s", error.reason)
+            return
+        for deployment_id, status in present.items():  # loaded for nobody: the control plane is the desired state
+            wanted = self.desired.get(deployment_id)
+            if (wanted is None or wanted.desired == "stopped") and status.get("state") in ("loading", "ready"):
+                self.stop_in_worker(deployment_id)
+                present[deployment_id] = {**status, "state": "stopped"}
+        for each in self.desired.values():
+            if each.desired == "stopped":
+                self.report(each.id, "stopped", None)
+                continue
+            status = present.get(each.id)
+            if status is None:
+                status = self.start_in_worker(each)
+                if status is None:
+                    continue
+            state = status.get("state")
+            if state not in WORKER_DEPLOYMENT_STATES:
+                continue
+            error = as_dict(status.get("error")) or None
+            self.report(each.id, str(state), error, as_dict(status.get("measured")), status.get("context_length"))
+
+    def start_in_worker(self, each: DesiredDeployment) -> dict[str, object] | None:
+        """PUT the deployment to the worker: its status, or None after reporting why not."""
+        refused = self.refused.get(each.id)
+        if refused is None:
+            try:
+                model_path = verified_model_path(each.request, self.artifact_dir)
+            except JobFailure as failure:
+                refused = self.refused[each.id] = failure
+        if refused is not None:
+            self.report(each.id, "failed", {"code": refused.code, "message": refused.message})
+            return None
+        body: dict[str, object] = {"model_path": model_path}
+        if each.context_length is not None:
+            body["context_length"] = each.context_length
+        if each.n_gpu_layers is not None:
+            body["n_gpu_layers"] = each.n_gpu_layers
+        try:
+            status = self.worker.request("PUT", f"/v1/deployments/{quote_id(each.id)}", body)
+        except WorkerError as error:
+            code = error.code if error.code in (MODEL_FILE_INVALID, MODEL_LOAD_FAILED) else RUNTIME_WORKER_UNAVAILABLE
+            self.report(each.id, "failed", {"code": code, "message": error.message or error.reason})
+            return None
+        log.info("deployment %s: the runtime worker is loading %s", each.name, each.request.model_file)
+        return status
+
+    def stop_in_worker(self, deployment_id: str) -> None:
+        try:
+            self.worker.request("DELETE", f"/v1/deployments/{quote_id(deployment_id)}")
+            log.info("deployment %s: stopped in the runtime worker", deployment_id)
+        except WorkerError as error:
+            log.warning("deployment %s: the runtime worker did not stop it: %s", deployment_id, error.reason)
+
+    def report(
+        self,
+        deployment_id: str,
+        state: str,
+        error: dict[str, object] | None,
+        measured: dict[str, object] | None = None,
+        context_length: object = None,
+    ) -> None:
+        """POST the deployment's state once per change (state and error code); a failed post is tried
+        again after the next heartbeat."""
+        code = str(error.get("code")) if error else None
+        if self.reported.get(deployment_id) == (state, code):
+            return
+        body: dict[str, object] = {**wire_versions(), "state": state, "error": None, "measured": None}
+        if error:
+            body["error"] = {"code": code, "message": short_text(error.get("message"), 1000) or code}
+        if state == "ready" and measured:
+            body["measured"] = {
+                "load_seconds": measured.get("load_seconds"),
+                "memory_bytes": whole_number(measured.get("memory_bytes")),
+                "context_length": whole_number(context_length),
+            }
+        try:
+            self.client.post(f"/api/v1/agent/deployments/{quote_id(deployment_id)}/status", body)
+        except PublishError as failure:
+            log.warning(
+                "deployment %s: %s; its state goes again after the next heartbeat", deployment_id, failure.describe()
+            )
+            return
+        self.reported[deployment_id] = (state, code)
+        log.info("deployment %s: reported %s%s", deployment_id, state, f" ({code})" if code else "")
+
+
+def quote_id(value: str) -> str:
+    """An id as one path segment."""
+    return quote(value, safe="")
 
 
 register_job_type(RUNTIME_BENCHMARK_JOB_TYPE, run_runtime_job, benchmark_summary)

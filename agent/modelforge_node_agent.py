@@ -77,6 +77,9 @@ PLACEHOLDER_HOSTS = ("modelforge.example", "example.com", "example.internal")
 ACQUIRE_JOB_TYPE = "artifact.acquire.v1"
 RUNTIME_BENCHMARK_JOB_TYPE = "runtime.benchmark.v1"
 RUNTIME_GENERATE_JOB_TYPE = "runtime.generate.v1"
+# S2: advertised while a compatible worker that serves answers (its /v1/info has `serving`); not a
+# job type, so it is no JOB_FAMILIES entry: the heartbeat reply carries this node's deployments.
+RUNTIME_SERVE_CAPABILITY = "runtime.serve.v1"
 ARTIFACT_PATH_UNSAFE = "ARTIFACT_PATH_UNSAFE"
 JOB_LEASE_LOST = "JOB_LEASE_LOST"
 JOB_CANCELLED = "JOB_CANCELLED"
@@ -1284,6 +1287,7 @@ class RuntimeWorkerWatch:
         self.facts: dict[str, object] | None = None
         self.problem: str | None = "not asked yet"
         self.compatible = False
+        self.serves = False  # S2: a compatible worker whose /v1/info offers deployments
         self.said: tuple[object, ...] | None = None
 
     def inventory_fields(self) -> dict[str, object]:
@@ -1293,14 +1297,16 @@ class RuntimeWorkerWatch:
 
     def probe(self) -> bool:
         """Ask the worker who it is; True when what the inventory says of it changed."""
-        before = (self.compatible, self.inventory_fields())
+        before = (self.compatible, self.serves, self.inventory_fields())
         try:
-            facts = worker_facts(self.client.info())
+            info = self.client.info()
+            facts = worker_facts(info)
         except WorkerError as error:
             self.forget(error.reason)
         else:
             self.take(facts)
-        return (self.compatible, self.inventory_fields()) != before
+            self.serves = self.compatible and isinstance(info.get("serving"), dict)
+        return (self.compatible, self.serves, self.inventory_fields()) != before
 
     def take(self, facts: dict[str, object]) -> None:
         """A worker answered: compatible when it speaks a protocol version this agent speaks."""
@@ -1331,7 +1337,7 @@ class RuntimeWorkerWatch:
 
     def forget(self, reason: str) -> None:
         """No worker answers (or a job found it gone): runtime jobs are not advertised until one does."""
-        self.facts, self.compatible, self.problem = None, False, reason[:500]
+        self.facts, self.compatible, self.serves, self.problem = None, False, False, reason[:500]
         # Said once when it goes (or at start-up), not again for each new way of not answering.
         if self.said is None:
             self.say(("absent",), logging.INFO, "no runtime worker: %s; runtime jobs are not advertised", reason)
@@ -1615,16 +1621,19 @@ def job_handler(job_type: str) -> JobHandler | None:
     return JOB_HANDLERS.get(job_type)
 
 
-def advertised_capabilities(worker_compatible: bool = False) -> list[str]:
+def advertised_capabilities(worker_compatible: bool = False, worker_serves: bool = False) -> list[str]:
     """The job types this agent can run (J2): those whose module and libraries are installed, and
-    the ones that need the runtime worker only while a compatible one answers (W1). They are only
-    looked for here, not imported, so an idle agent stays small."""
-    return [
+    the ones that need the runtime worker only while a compatible one answers (W1); and
+    runtime.serve.v1 while that worker serves deployments (S2). They are only looked for here, not
+    imported, so an idle agent stays small."""
+    job_types = [
         job_type
         for job_type, family in JOB_FAMILIES.items()
         if all(importlib.util.find_spec(name) is not None for name in (family.module, *family.libraries))
         and (worker_compatible or not family.needs_worker)
     ]
+    serving = worker_compatible and worker_serves and RUNTIME_GENERATE_JOB_TYPE in job_types
+    return [*job_types, RUNTIME_SERVE_CAPABILITY] if serving else job_types
 
 
 def result_summary(job_type: str, result: dict[str, object]) -> str:
@@ -1812,8 +1821,9 @@ class Agent:
         self.unnamed_gpus: list[int] = []
         self.worker = RuntimeWorkerWatch(WorkerClient(config.worker_socket))
         self.nvidia_smi = NvidiaSmi()
-        self.capabilities = advertised_capabilities(self.worker.compatible)
+        self.capabilities = advertised_capabilities(self.worker.compatible, self.worker.serves)
         self.storage_roots = StorageRoots(config.data_dirs["artifacts"])
+        self.deployments = None  # S2: modelforge_agent_runtime.Deployments, once a reply carries the list
         self.jobs = JobsClient(self.client)
         self.jobs_waiting = 0
         self.claim_due = True  # J2: one claim right after start-up, in case a job waits already
@@ -2034,7 +2044,7 @@ class Agent:
 
     def worker_changed(self) -> None:
         """Advertise what the worker's state allows, and send the inventory at the next chance."""
-        self.capabilities = advertised_capabilities(self.worker.compatible)
+        self.capabilities = advertised_capabilities(self.worker.compatible, self.worker.serves)
         self.inventory_checked_at = None
 
     def heartbeat(self) -> None:
@@ -2043,15 +2053,35 @@ class Agent:
         samples, failures = self.telemetry()
         now = time.monotonic()
         roots = self.storage_roots.heartbeat_fields(now)
-        body = {**self.versions(), "health": self.health(failures), "telemetry": samples, **roots}
+        deployments = self.deployments.heartbeat_fields() if self.deployments is not None else {}
+        body = {**self.versions(), "health": self.health(failures), "telemetry": samples, **roots, **deployments}
         self.heartbeat_sent_at = time.monotonic()
         reply = self.client.post("/api/v1/agent/heartbeat", body)
         self.note_clock(as_dict(reply.get("clock_warning")))
         self.storage_roots.delivered(roots, now)
         self.storage_roots.take_reply(reply)
+        self.take_deployments(reply)
         self.take_interval(reply)
         waiting = reply.get("jobs_waiting")
         self.jobs_waiting = waiting if isinstance(waiting, int) and not isinstance(waiting, bool) else 0
+
+    def take_deployments(self, reply: dict[str, object]) -> None:
+        """S2: keep the deployment list a reply carries; the runtime relay is imported the first time."""
+        if self.deployments is None and isinstance(reply.get("deployments"), list):
+            from modelforge_agent_runtime import Deployments
+
+            self.deployments = Deployments(self.client, self.worker.client, self.config.data_dirs["artifacts"])
+        if self.deployments is not None:
+            self.deployments.take_reply(reply)
+
+    def reconcile_deployments(self) -> None:
+        """S2: after each heartbeat, make the worker hold what the control plane wants loaded."""
+        if self.deployments is None:
+            return
+        try:
+            self.deployments.reconcile(self.worker.compatible and self.worker.serves)
+        except Exception:  # one bad reconcile must never stop the heartbeats
+            log.exception("reconciling deployments failed; trying again after the next heartbeat")
 
     def note_clock(self, warning: dict[str, object]) -> None:
         """Issue 22: the control plane dropped readings this node dated too far ahead (or its
@@ -2078,11 +2108,12 @@ class Agent:
                 self.worker.forget(failure.message)
                 self.worker_changed()
             self.runner, self.claim_due = None, True
-        if not self.capabilities or not (self.claim_due or self.jobs_waiting > 0):
+        job_types = [capability for capability in self.capabilities if capability in JOB_FAMILIES]
+        if not job_types or not (self.claim_due or self.jobs_waiting > 0):
             return
         self.claim_due = False
         try:
-            reply = self.jobs.claim(self.capabilities)
+            reply = self.jobs.claim(job_types)
         except PublishError as error:
             if error.status is None or error.status >= 500 or error.status == 429:
                 self.claim_due = True  # a 429 (issue 22) too: the next heartbeat is at least Retry-After away
@@ -2108,6 +2139,7 @@ class Agent:
         self.maybe_probe_worker(now)
         self.maybe_publish_inventory(now)
         self.heartbeat()
+        self.reconcile_deployments()
 
     def stop_job(self) -> None:
         """The agent is stopping: the running job stops without a report (its lease runs out and it

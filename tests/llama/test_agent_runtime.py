@@ -28,6 +28,8 @@ from tests.support.worker import WorkerProcess
 ARTIFACT = "registry/models/org/tiny/0123456789abcdef0123456789abcdef01234567"
 MODEL_FILE = "gguf/tiny.gguf"
 RUNTIME_TYPES = [agent.RUNTIME_BENCHMARK_JOB_TYPE, agent.RUNTIME_GENERATE_JOB_TYPE]
+# What an agent beside a worker that serves advertises (S2); claims name the job types only.
+SERVING = [*RUNTIME_TYPES, agent.RUNTIME_SERVE_CAPABILITY]
 ARTIFACT_ID = "5f0c6a54-3f9e-4d3a-9a43-0d6f3f0b7a11"  # the control plane's artifact ids are UUIDs
 INVENTORY = {"hostname": "h", "gpus": []}
 # Seconds of work for the tiny model, inside its 2048-token context.
@@ -294,6 +296,7 @@ def test_the_real_worker_is_compatible_and_its_facts_go_in_the_inventory(worker)
     (engine,) = runtime["engines"]
     assert engine["name"] == "llama.cpp" and engine["backend"] == "cpu" and engine["version"]
     assert agent.advertised_capabilities(True) == [agent.ACQUIRE_JOB_TYPE, *RUNTIME_TYPES]
+    assert agent.advertised_capabilities(True, True) == [agent.ACQUIRE_JOB_TYPE, *SERVING]
 
 
 def test_runtime_types_are_advertised_only_while_a_compatible_worker_answers(tmp_path, socket_dir, artifacts, caplog):
@@ -327,7 +330,7 @@ def test_runtime_types_are_advertised_only_while_a_compatible_worker_answers(tmp
     assert control_plane.names()[:2] == ["inventory", "heartbeat"]
     assert first["capabilities"] == [agent.ACQUIRE_JOB_TYPE]
     assert first["runtime_worker"] is None and first["runtime_worker_problem"] == f"no socket at {socket_path}"
-    assert second["capabilities"] == [agent.ACQUIRE_JOB_TYPE, *RUNTIME_TYPES]
+    assert second["capabilities"] == [agent.ACQUIRE_JOB_TYPE, *SERVING]
     assert second["runtime_worker"]["protocol_version"] == 1 and second["runtime_worker_problem"] is None
     assert third["capabilities"] == [agent.ACQUIRE_JOB_TYPE] and third["runtime_worker"] is None
     # The worker's SIGTERM removes its socket file.

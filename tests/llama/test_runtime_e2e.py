@@ -9,15 +9,13 @@ from __future__ import annotations
 import html
 import re
 import time
-from pathlib import Path
 
 import requests
 
 from tests.support import BENCHMARK, GENERATE, OPERATOR_KEY, assert_no_secrets
-from tests.support.acquire import HF_TOKEN, acquire, add_root, api, start_agent, wait_job, wait_node_online
+from tests.support.acquire import HF_TOKEN, api, wait_job
 from tests.support.gunicorn import GunicornServer
-from tests.support.hub import StandinHub
-from tests.support.serving import create, start_worker, wait_capabilities
+from tests.support.serving import create, runtime_node, start_worker
 from tests.support.tiny_gguf import MALFORMED, write_tiny_llama
 
 SMALL_BENCHMARK = {"prompt_tokens": 64, "generate_tokens": 16, "repetitions": 2}
@@ -25,23 +23,6 @@ PROMPTS = ["Once upon a time", "The capital of"]
 # Seconds of work for the tiny model (inside its 2048-token context): still running when a test acts.
 LONG_BENCHMARK = {"prompt_tokens": 1024, "generate_tokens": 1000, "repetitions": 20}
 HOSTILE = ("no-byte-tokens.gguf", "repeated-token.gguf")
-
-
-def runtime_node(tmp_path: Path, socket_dir: Path, server: GunicornServer, hub: StandinHub, repo_id: str):
-    """A worker serving the agent's artifact directory, the agent beside it, and one acquired artifact."""
-    artifacts = tmp_path / "agent" / "artifacts"
-    artifacts.mkdir(parents=True)
-    worker = start_worker(socket_dir / "worker.sock", artifacts, tmp_path)
-    agent = start_agent(tmp_path, server, hub, MODELFORGE_AGENT_WORKER_SOCKET=str(worker.socket_path))
-    node_id = agent.node_id()
-    wait_node_online(server, node_id)
-    root_dir = artifacts / "registry"
-    root_dir.mkdir()
-    root = add_root(server, node_id, root_dir)
-    acquired = wait_job(server, acquire(server, node_id, root["id"], repo_id=repo_id)["id"], {"succeeded", "failed"})
-    assert acquired["state"] == "succeeded", acquired
-    wait_capabilities(server, node_id, {BENCHMARK, GENERATE})
-    return agent, worker, node_id, acquired["result"]["artifact_id"]
 
 
 def signed_in(server: GunicornServer) -> requests.Session:

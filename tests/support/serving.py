@@ -1,13 +1,20 @@
 """The runtime worker beside a real agent: started workers (killed after each test by
-tests/conftest.py), waits for the node to advertise runtime job types, and runtime jobs over HTTP."""
+tests/conftest.py), a whole runtime node (worker, agent, one acquired artifact), waits for the
+node to advertise runtime job types, and runtime jobs over HTTP."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tests.support.acquire import api
+from tests.support import BENCHMARK, GENERATE
+from tests.support.acquire import acquire, add_root, api, start_agent, wait_job, wait_node_online
 from tests.support.worker import WorkerProcess
+
+if TYPE_CHECKING:
+    from tests.support.gunicorn import GunicornServer
+    from tests.support.hub import StandinHub
 
 
 def start_worker(socket_path: Path, artifact_dir: Path, log_dir: Path) -> WorkerProcess:
@@ -41,3 +48,20 @@ def stop_started_workers() -> None:
     """Kill every worker start_worker() started."""
     while _workers:
         _workers.pop().kill()
+
+
+def runtime_node(tmp_path: Path, socket_dir: Path, server: GunicornServer, hub: StandinHub, repo_id: str):
+    """A worker serving the agent's artifact directory, the agent beside it, and one acquired artifact."""
+    artifacts = tmp_path / "agent" / "artifacts"
+    artifacts.mkdir(parents=True)
+    worker = start_worker(socket_dir / "worker.sock", artifacts, tmp_path)
+    agent = start_agent(tmp_path, server, hub, MODELFORGE_AGENT_WORKER_SOCKET=str(worker.socket_path))
+    node_id = agent.node_id()
+    wait_node_online(server, node_id)
+    root_dir = artifacts / "registry"
+    root_dir.mkdir()
+    root = add_root(server, node_id, root_dir)
+    acquired = wait_job(server, acquire(server, node_id, root["id"], repo_id=repo_id)["id"], {"succeeded", "failed"})
+    assert acquired["state"] == "succeeded", acquired
+    wait_capabilities(server, node_id, {BENCHMARK, GENERATE})
+    return agent, worker, node_id, acquired["result"]["artifact_id"]
