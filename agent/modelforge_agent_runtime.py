@@ -478,11 +478,15 @@ class Deployments:
         for deployment_id, status in present.items():  # loaded for nobody: the control plane is the desired state
             wanted = self.desired.get(deployment_id)
             if (wanted is None or wanted.desired == "stopped") and status.get("state") in ("loading", "ready"):
-                self.stop_in_worker(deployment_id)
-                present[deployment_id] = {**status, "state": "stopped"}
+                if self.stop_in_worker(deployment_id):
+                    present[deployment_id] = {**status, "state": "stopped"}
         for each in self.desired.values():
             if each.desired == "stopped":
-                self.report(each.id, "stopped", None)
+                if as_dict(present.get(each.id)).get("state") not in (
+                    "loading",
+                    "ready",
+                ):  # never while it still holds memory
+                    self.report(each.id, "stopped", None)
                 continue
             status = present.get(each.id)
             if status is None:
@@ -520,12 +524,17 @@ class Deployments:
         log.info("deployment %s: the runtime worker is loading %s", each.name, each.request.model_file)
         return status
 
-    def stop_in_worker(self, deployment_id: str) -> None:
+    def stop_in_worker(self, deployment_id: str) -> bool:
+        """DELETE it in the worker (its model is freed); whether the worker says it stopped."""
         try:
-            self.worker.request("DELETE", f"/v1/deployments/{quote_id(deployment_id)}")
-            log.info("deployment %s: stopped in the runtime worker", deployment_id)
+            status = self.worker.request("DELETE", f"/v1/deployments/{quote_id(deployment_id)}")
         except WorkerError as error:
-            log.warning("deployment %s: the runtime worker did not stop it: %s", deployment_id, error.reason)
+            log.warning(
+                "deployment %s: the runtime worker did not stop it: %s; trying again", deployment_id, error.reason
+            )
+            return False
+        log.info("deployment %s: stopped in the runtime worker", deployment_id)
+        return status.get("state") == "stopped"
 
     def report(
         self,

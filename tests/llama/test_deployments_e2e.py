@@ -1,0 +1,93 @@
+"""Deployments end to end: the control plane holds the desired state, the agent makes the runtime
+worker hold it (S2, W1).
+
+gunicorn, the agent process and the runtime worker process on a tiny GGUF acquired through the
+stand-in Hub; the deployment is created through the admin API and followed there.
+"""
+
+from __future__ import annotations
+
+from tests.support import wait_until
+from tests.support.acquire import api
+from tests.support.serving import runtime_node, start_worker, wait_capabilities
+from tests.support.worker import call
+
+SERVE = "runtime.serve.v1"
+LOAD_TIMEOUT = 60.0
+
+
+def deployment(server, deployment_id: str) -> dict:
+    answer = api(server, "GET", f"/api/v1/admin/deployments/{deployment_id}")
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def wait_state(server, deployment_id: str, states: set[str], timeout: float = LOAD_TIMEOUT) -> dict:
+    return wait_until(
+        lambda: (lambda found: found if found["state"] in states else None)(deployment(server, deployment_id)),
+        lambda: f"deployment {deployment_id} in {states}: it is {deployment(server, deployment_id)}",
+        timeout,
+    )
+
+
+def create(server, artifact_id: str, name: str, model_file: str) -> dict:
+    """POST a deployment of `model_file` with no node named: it goes to the node that holds the artifact."""
+    created = api(
+        server,
+        "POST",
+        "/api/v1/admin/deployments",
+        json={"name": name, "artifact_id": artifact_id, "model_file": model_file},
+    )
+    assert created.status_code == 201, created.text
+    return created.json()
+
+
+def worker_deployments(worker) -> dict[str, str]:
+    code, listed = call(worker.socket_path, "GET", "/v1/deployments")
+    assert code == 200, listed
+    return {each["id"]: each["state"] for each in listed["deployments"]}
+
+
+def test_a_deployment_is_loaded_by_the_node_and_survives_a_worker_restart(
+    tmp_path, socket_dir, jobs_server, hub, model_repo
+):
+    agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, model_repo)
+    wait_capabilities(jobs_server, node_id, {SERVE})  # a worker that serves answers on this node
+
+    created = create(jobs_server, artifact_id, "tiny", "tiny.gguf")
+    deployment_id = created["id"]
+    assert created["state"] == "pending" and created["node_id"] == node_id  # the node that holds the artifact
+
+    ready = wait_state(jobs_server, deployment_id, {"ready", "failed"})
+    assert ready["state"] == "ready", ready
+    assert ready["measured"]["load_seconds"] > 0 and ready["measured"]["memory_bytes"] > 0
+    assert ready["measured"]["context_length"] == 2048
+    assert worker_deployments(worker) == {deployment_id: "ready"}
+
+    # The worker restarts and has lost its models: the agent loads the deployment again.
+    assert worker.stop() == 0
+    worker = start_worker(worker.socket_path, worker.artifact_dir, tmp_path / "second")
+    wait_until(lambda: worker_deployments(worker).get(deployment_id) == "ready", "the deployment loaded again", 30)
+    assert wait_state(jobs_server, deployment_id, {"ready"})["state"] == "ready"
+
+    # Stopping it: the node stops it in the worker, and says so.
+    stopping = api(jobs_server, "DELETE", f"/api/v1/admin/deployments/{deployment_id}")
+    assert stopping.status_code == 202 and stopping.json()["state"] == "stopping", stopping.text
+    assert wait_state(jobs_server, deployment_id, {"stopped"})["state"] == "stopped"
+    assert worker_deployments(worker).get(deployment_id) in (None, "stopped")
+    events = api(jobs_server, "GET", f"/api/v1/admin/audit-events?node_id={node_id}").json()["audit_events"]
+    actions = [event["action"] for event in events if event["action"].startswith("deployment.")]
+    assert "deployment.ready" in actions and actions[0] == "deployment.stopped", actions
+    assert "deployments: tiny (ready)" in agent.log()
+
+
+def test_a_deployment_of_a_file_the_node_did_not_verify_fails_without_reaching_the_worker(
+    tmp_path, socket_dir, jobs_server, hub, model_repo
+):
+    agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, model_repo)
+    wait_capabilities(jobs_server, node_id, {SERVE})
+    created = create(jobs_server, artifact_id, "missing", "missing.gguf")
+    failed = wait_state(jobs_server, created["id"], {"failed", "ready"})
+    assert failed["state"] == "failed" and failed["error"]["code"] == "MODEL_FILE_INVALID", failed
+    assert failed["error"]["next_step"]
+    assert worker_deployments(worker) == {}
