@@ -19,7 +19,7 @@ from wtforms import (
     TextAreaField,
 )
 from wtforms.fields.choices import SelectChoice
-from wtforms.validators import DataRequired, InputRequired, Length, NumberRange, Optional, ValidationError
+from wtforms.validators import DataRequired, InputRequired, Length, NumberRange, Optional, Regexp, ValidationError
 
 from app import rules
 from app.console.commands import LOCAL_BUILD, ImageSource, env_value_error, pinned_image, release_image
@@ -28,7 +28,7 @@ from app.models import Artifact, StorageRoot
 from app.models.api_key import MAX_NAME_LENGTH as MAX_API_KEY_NAME_LENGTH
 from app.nodes.enrollment import MAX_EXPIRY_SECONDS
 from app.release_manifest import MAX_PASTE_BYTES, parse_pasted
-from app.serving import api_keys
+from app.serving import api_keys, deployments
 
 # C4: the wizard offers exactly these token lifetimes.
 EXPIRY_CHOICES = [
@@ -459,3 +459,53 @@ class ApiKeyForm(FlaskForm):
     def expiry(self) -> int | None:
         """The validated lifetime in seconds, or None for a key that lasts until revoked."""
         return self.expires_in_seconds.data or None
+
+
+class DeploymentForm(RuntimeJobForm):
+    """S2: deploy a model file of an artifact under a name clients use as OpenAI's `model`; it goes
+    to the node that holds the artifact (placement with eligibility and memory comes with S3)."""
+
+    name = StringField(
+        "Name",
+        filters=[_stripped],
+        validators=[
+            DataRequired(message="Name the deployment: clients send this name as `model`."),
+            Length(max=rules.MAX_DEPLOYMENT_NAME_LENGTH),
+            Regexp(rules.DEPLOYMENT_NAME_PATTERN, message=f"Use {rules.DEPLOYMENT_NAME_RULE}."),
+        ],
+    )
+    context_length = IntegerField(
+        "Context",
+        validators=[
+            Optional(),
+            NumberRange(
+                deployments.CONTEXT_LENGTH.minimum,
+                deployments.CONTEXT_LENGTH.maximum,
+                message=f"Between {deployments.CONTEXT_LENGTH.minimum} and {deployments.CONTEXT_LENGTH.maximum}, "
+                "or empty for the model's own.",
+            ),
+        ],
+    )
+
+    def __init__(self, all_artifacts: list[Artifact], node_names: dict[str, str], **kwargs) -> None:
+        super().__init__(all_artifacts, **kwargs)
+        self.artifact_id.choices = [
+            SelectChoice(
+                artifact.id,
+                f"{artifact.repo_id} @ {artifact.commit[:7]} on {node_names.get(artifact.node_id, artifact.node_id)}",
+            )
+            for artifact in all_artifacts
+        ]
+
+    def validate_artifact_id(self, field) -> None:
+        if field.data not in {choice.value for choice in field.choices}:
+            raise ValidationError("Pick one of the artifacts listed: acquire a model onto a node first.")
+
+    def request(self) -> deployments.Request:
+        """What the operator asks for, as the API's body would carry it."""
+        return deployments.Request(
+            name=self.name.data,
+            artifact_id=self.artifact_id.data,
+            model_file=self.model_file.data,
+            context_length=self.context_length.data,
+        )

@@ -20,12 +20,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import requests
 
 from app.acceptance import ITEMS, MAX_SCREENSHOT_BYTES
 from tests.support import ADMIN, assert_no_secrets, factories
 from tests.support.acceptance import ENV_SECRET, inspect_text, png, publish, smoke_test
-from tests.support.browser import expect, sign_in
+from tests.support.browser import Api, expect, sign_in
 from tests.support.gunicorn import GunicornServer
 from tests.support.nodes import beat
 
@@ -38,34 +37,6 @@ FAST = {
     # A2's per-node rate would only make this test wait between the node's reports.
     "MODELFORGE_NODE_RATE_LIMIT": "false",
 }
-
-
-class Reply:
-    """A requests response read the way the Flask test client's helpers read one."""
-
-    def __init__(self, response: requests.Response) -> None:
-        self.status_code = response.status_code
-        self.response = response
-
-    def get_json(self):
-        """The JSON body, or None for an empty one (a 204)."""
-        return self.response.json() if self.response.content else None
-
-
-class Api:
-    """The control plane's HTTP API over the network, called as the test-client helpers call it."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.session = requests.Session()
-
-    def post(self, path: str, json=None, headers=None) -> Reply:
-        """POST a JSON body to a path of the server."""
-        return Reply(self.session.post(self.url + path, json=json, headers=headers, timeout=10))
-
-    def get(self, path: str, headers=None) -> Reply:
-        """GET a path of the server."""
-        return Reply(self.session.get(self.url + path, headers=headers, timeout=10))
 
 
 @pytest.fixture

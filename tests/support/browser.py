@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.support import OPERATOR_KEY, PROJECT_ROOT
 
@@ -46,3 +47,31 @@ def sign_in(page, base_url: str, path: str = "/hardware/nodes") -> None:
     page.fill("#operator_key", OPERATOR_KEY)
     page.click("button:has-text('Sign in')")
     expect(page).to_have_url(base_url + path)
+
+
+class Reply:
+    """A requests response read the way the Flask test client's helpers read one."""
+
+    def __init__(self, response: requests.Response) -> None:
+        self.status_code = response.status_code
+        self.response = response
+
+    def get_json(self):
+        """The JSON body, or None for an empty one (a 204)."""
+        return self.response.json() if self.response.content else None
+
+
+class Api:
+    """The control plane's HTTP API over the network, called as the test-client helpers call it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.session = requests.Session()
+
+    def post(self, path: str, json=None, headers=None) -> Reply:
+        """POST a JSON body to a path of the server."""
+        return Reply(self.session.post(self.url + path, json=json, headers=headers, timeout=10))
+
+    def get(self, path: str, headers=None) -> Reply:
+        """GET a path of the server."""
+        return Reply(self.session.get(self.url + path, headers=headers, timeout=10))

@@ -49,7 +49,7 @@ def test_every_console_route_needs_a_session(app, client):
             path = rule.rule.replace("<node_id>", node["node_id"]).replace("<enrollment_id>", enrollment_id)
             # Ids in paths are UUIDs (checked app-wide before anything else); these need not exist.
             path = path.replace("<job_id>", str(uuid.uuid4())).replace("<root_id>", str(uuid.uuid4()))
-            path = path.replace("<api_key_id>", str(uuid.uuid4()))
+            path = path.replace("<api_key_id>", str(uuid.uuid4())).replace("<deployment_id>", str(uuid.uuid4()))
             for method in rule.methods - {"HEAD", "OPTIONS"}:
                 response = client.open(path, method=method)
                 # POSTs without a session are refused before anything else (CSRF or login).

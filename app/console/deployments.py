@@ -1,0 +1,111 @@
+"""Deployments in the console (S2, S6): the list with a form to deploy a model, and one
+deployment's page, which follows it live while its node loads the model and can stop it.
+
+The playground that streams a chat answer comes with the relay (S5); until then the page says
+how the deployment will be reached.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from flask import flash, redirect, url_for
+
+from app.console import bp, is_htmx_fragment_request, page_or_partial
+from app.console.auth import login_required
+from app.console.forms import DeploymentForm, EmptyForm
+from app.db import begin_read_only
+from app.errors import DomainError
+from app.extensions import db
+from app.models import Artifact, DeploymentState, Node
+from app.serving import deployments
+from app.timeutil import utcnow
+from app.web_errors import STATUS_BY_CODE
+
+# A deployment in one of these is still moving: its page and the list poll until it is not.
+MOVING = (DeploymentState.PENDING, DeploymentState.LOADING, DeploymentState.STOPPING)
+
+
+def _node_names() -> dict[str, str]:
+    return dict(db.session.execute(sa.select(Node.id, Node.display_name)).all())
+
+
+def _list(status: int = 200, form: DeploymentForm | None = None):
+    names = _node_names()
+    found = deployments.list_all()
+    every_artifact = list(db.session.scalars(sa.select(Artifact).order_by(Artifact.verified_at.desc())))
+    return page_or_partial(
+        "deployments.html",
+        "partials/_deployments_table.html",
+        deployments=found,
+        node_names=names,
+        polling=any(each.state in MOVING for each in found),
+        form=form or DeploymentForm(every_artifact, names, formdata=None),
+        has_artifacts=bool(every_artifact),
+        active="deployments",
+    ), status
+
+
+@bp.get("/deployments")
+@login_required
+def deployments_page():
+    """S6: every deployment with its state, node, model, context and what its node measured."""
+    begin_read_only()
+    return _list()
+
+
+@bp.post("/deployments")
+@login_required
+def deployment_create():
+    """S2: deploy a model file; its page follows it while the node loads it. Refusals inline (422)."""
+    names = _node_names()
+    every_artifact = list(db.session.scalars(sa.select(Artifact).order_by(Artifact.verified_at.desc())))
+    form = DeploymentForm(every_artifact, names)
+    if not form.validate_on_submit():
+        return _list(422, form=form)
+    try:
+        created = deployments.create(form.request())
+    except DomainError as refusal:  # a taken name (or, later, no node that fits): under its field, with its next step
+        field = form.name if refusal.extra.get("field") == "name" else form.artifact_id
+        field.errors = [*field.errors, f"{refusal.message} {refusal.next_step}"]
+        return _list(STATUS_BY_CODE.get(refusal.code, 400), form=form)
+    target = url_for("console.deployment_page", deployment_id=created.id)
+    if is_htmx_fragment_request():
+        return "", 201, {"HX-Redirect": target}
+    return redirect(target, 303)
+
+
+def _live(deployment_id: str, status: int = 200):
+    deployment = deployments.get(deployment_id)
+    node = db.session.get(Node, deployment.node_id)
+    return page_or_partial(
+        "deployment.html",
+        "partials/_deployment_live.html",
+        deployment=deployment,
+        node=node,
+        moving=deployment.state in MOVING,
+        waited_seconds=(utcnow() - deployment.created_at).total_seconds(),
+        stop_form=EmptyForm(),
+        active="deployments",
+    ), status
+
+
+@bp.get("/deployments/<deployment_id>")
+@login_required
+def deployment_page(deployment_id: str):
+    """S6: one deployment, live while it moves: waiting, loading, ready with what was measured, or why it failed."""
+    begin_read_only()
+    return _live(deployment_id)
+
+
+@bp.post("/deployments/<deployment_id>/stop")
+@login_required
+def deployment_stop(deployment_id: str):
+    """S2: ask the node to stop it (the model is freed there); the panel shows `stopping` until it has."""
+    form = EmptyForm()
+    if not form.validate_on_submit():
+        flash("The form expired; reload the page and try again.")
+    else:
+        deployments.delete(deployment_id)
+    if is_htmx_fragment_request():
+        return _live(deployment_id)
+    return redirect(url_for("console.deployment_page", deployment_id=deployment_id), 303)

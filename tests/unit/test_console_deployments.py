@@ -1,0 +1,142 @@
+"""The deployments pages (S2, S6): the list with its deploy form, one deployment followed live
+while its node loads the model, and stop behind a confirmation. SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.support import ADMIN
+from tests.support.console import HTMX, htmx_post
+from tests.support.nodes import agent, online_node
+from tests.support.runtime import acquired_artifact
+
+PAGE = "/deployments"
+MEASURED = {"load_seconds": 0.75, "memory_bytes": 300 * 2**20, "context_length": 2048}
+
+
+@pytest.fixture
+def node(client):
+    return online_node(client)
+
+
+@pytest.fixture
+def artifact(client, node):
+    return acquired_artifact(client, node)
+
+
+def deploy_form(console, artifact, **fields: str):
+    data = {
+        "name": "tiny-chat",
+        "artifact_id": artifact["id"],
+        "model_file": "tiny.gguf",
+        "context_length": "",
+        **fields,
+    }
+    return htmx_post(console, PAGE, data=data)
+
+
+def deployments(client) -> list[dict]:
+    return client.get("/api/v1/admin/deployments", headers=ADMIN).get_json()["deployments"]
+
+
+def report(client, node, deployment_id: str, state: str, **body) -> None:
+    answer = agent(client, node, f"deployments/{deployment_id}/status", state=state, **body)
+    assert answer.status_code == 200, answer.get_json()
+
+
+def test_the_page_is_in_the_navigation_and_says_to_acquire_a_model_first(console):
+    html = console.get("/hardware/nodes").get_data(as_text=True)
+    assert f'href="{PAGE}"' in html
+    page = console.get(PAGE).get_data(as_text=True)
+    assert f'href="{PAGE}" aria-current="page">Deployments<' in page
+    assert "No deployments yet." in page and "Acquire a model onto a node first" in page
+    assert 'data-testid="deploy-form"' not in page
+
+
+def test_the_page_needs_a_session(client):
+    response = client.get(PAGE)
+    assert response.status_code == 302 and "/login" in response.headers["Location"]
+
+
+def test_deploying_from_the_form_creates_it_pending_and_its_page_follows_it_to_ready(console, node, artifact):
+    page = console.get(PAGE).get_data(as_text=True)
+    assert 'data-testid="deploy-form"' in page and artifact["repo_id"] in page
+    response = deploy_form(console, artifact)
+    assert response.status_code == 201
+    (created,) = deployments(console)
+    assert response.headers["HX-Redirect"] == f"{PAGE}/{created['id']}"
+    assert (created["name"], created["state"], created["node_id"]) == ("tiny-chat", "pending", node["id"])
+
+    live = console.get(f"{PAGE}/{created['id']}").get_data(as_text=True)
+    assert 'data-state="pending"' in live and 'data-polling="true"' in live and 'hx-trigger="every 2s"' in live
+    assert re.search(r'data-testid="deployment-waiting" role="status">Waiting for .* to take it, \d+ s so far', live)
+    assert "not measured yet" in live
+
+    report(console, node, created["id"], "loading")
+    live = console.get(f"{PAGE}/{created['id']}", headers=HTMX).get_data(as_text=True)
+    assert "<html" not in live and "is loading the model" in live
+    report(console, node, created["id"], "ready", measured=MEASURED)
+    live = console.get(f"{PAGE}/{created['id']}", headers=HTMX).get_data(as_text=True)
+    assert 'data-state="ready"' in live and 'data-polling="false"' in live and "hx-trigger" not in live
+    assert 'data-testid="deployment-load">0.75 s<' in live and 'data-testid="deployment-context">2048<' in live
+    assert "300" in live and "MiB" in live
+    table = console.get(PAGE).get_data(as_text=True)
+    row = re.search(rf'<tr data-deployment-id="{created["id"]}" data-state="ready">.*?</tr>', table, re.S).group(0)
+    assert "tiny.gguf" in row and "0.75 s" in row
+
+
+def test_a_failed_deployment_shows_the_code_and_the_next_step(console, node, artifact):
+    deploy_form(console, artifact)
+    (created,) = deployments(console)
+    report(console, node, created["id"], "failed", error={"code": "MODEL_LOAD_FAILED", "message": "not a GGUF file"})
+    live = console.get(f"{PAGE}/{created['id']}").get_data(as_text=True)
+    error = re.search(r'<div class="mf-error" role="alert" data-testid="deployment-error">.*?</div>', live, re.S).group(
+        0
+    )
+    assert "MODEL_LOAD_FAILED" in error and "not a GGUF file" in error and "Pick another model_file" in error
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"name": ""}, "Name the deployment"),
+        ({"name": "has space"}, "Use 1 to 64 letters"),
+        ({"model_file": "../x.gguf"}, "inside the artifact"),
+        ({"context_length": "9000"}, "Between 16 and 8192"),
+        ({"artifact_id": "00000000-0000-0000-0000-000000000000"}, "Pick one of the artifacts listed"),
+    ],
+)
+def test_a_refused_form_says_why_inline_and_creates_nothing(console, artifact, fields, words):
+    response = deploy_form(console, artifact, **fields)
+    assert response.status_code == 422
+    html = response.get_data(as_text=True)
+    assert "<html" not in html and words in html and 'class="mf-field-error" role="alert"' in html
+    assert deployments(console) == []
+
+
+def test_a_taken_name_is_refused_with_the_apis_words(console, artifact):
+    assert deploy_form(console, artifact).status_code == 201
+    response = deploy_form(console, artifact)
+    assert response.status_code == 409
+    html = response.get_data(as_text=True)
+    assert 'id="deployments"' in html  # the form, with the refusal under the name, not an error page over it
+    assert re.search(r'class="mf-field-error" role="alert">A deployment that is not stopped is already named', html)
+    assert 'value="tiny-chat"' in html  # what the operator typed stays
+    assert len(deployments(console)) == 1
+
+
+def test_stop_asks_the_node_and_needs_the_csrf_token(console, node, artifact):
+    deploy_form(console, artifact)
+    (created,) = deployments(console)
+    page = console.get(f"{PAGE}/{created['id']}").get_data(as_text=True)
+    assert 'hx-confirm="Stop tiny-chat?' in page
+    refused = console.post(f"{PAGE}/{created['id']}/stop", headers=HTMX)
+    assert refused.status_code == 400 and "Form expired" in refused.get_data(as_text=True)
+    assert deployments(console)[0]["state"] == "pending"
+    stopped = htmx_post(console, f"{PAGE}/{created['id']}/stop")
+    assert stopped.status_code == 200
+    assert 'data-state="stopping"' in stopped.get_data(as_text=True)
+    assert deployments(console)[0]["state"] == "stopping"
+    assert 'data-testid="stop-form"' not in stopped.get_data(as_text=True)
