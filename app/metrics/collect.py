@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from app.config import Settings
 from app.extensions import db
-from app.models import Gpu, Job, Node, NodeLease, SweepTick, TelemetrySample
+from app.models import Deployment, DeploymentState, Gpu, Job, Node, NodeLease, SweepTick, TelemetrySample
 from app.nodes import liveness, printable
 
 STATUSES = (liveness.ONLINE, liveness.STALE, liveness.OFFLINE, liveness.PENDING)
@@ -111,7 +111,7 @@ class Family:
 def collect(settings: Settings, now: datetime) -> list[Family]:
     """Every fleet family, read now in the current app context (a few queries, however large the fleet)."""
     families, names = _nodes(settings, now)
-    return [*families, *_gpus(settings, now, names), _jobs(), *_sweeps()]
+    return [*families, *_gpus(settings, now, names), _jobs(), *_deployments(), *_sweeps()]
 
 
 def render(families: list[Family]) -> str:
@@ -201,6 +201,25 @@ def _jobs() -> Family:
     for job_type, state, count in rows:
         jobs.add(labels(type=job_type, state=state), count)
     return jobs
+
+
+def _deployments() -> list[Family]:
+    """S7: deployments by state, and one series per deployment that is not stopped (its name is
+    bounded by rules.DEPLOYMENT_NAME_PATTERN, so the label set stays as small as the fleet's)."""
+    counts = Family("modelforge_deployments", "gauge", "Deployments by state (S2).")
+    state = Family(
+        "modelforge_deployment_state", "gauge", "1 for each deployment that is not stopped, labelled with its state."
+    )
+    for each_state, count in db.session.execute(
+        sa.select(Deployment.state, sa.func.count()).group_by(Deployment.state)
+    ):
+        counts.add(labels(state=each_state), count)
+    live = sa.select(Deployment.name, Deployment.node_id, Deployment.state).where(
+        Deployment.state != DeploymentState.STOPPED
+    )
+    for name, node_id, each_state in db.session.execute(live.order_by(Deployment.name)):
+        state.add(labels(deployment=name, node_id=node_id, state=each_state), 1)
+    return [counts, state]
 
 
 def _sweeps() -> list[Family]:

@@ -14,10 +14,12 @@ from app import create_app, scheduler
 from app.config import ConfigError, load_settings
 from app.extensions import db
 from app.metrics import collect
-from app.models import Gpu, Job, Node, NodeLease, TelemetrySample
+from app.models import Deployment, Gpu, Job, Node, NodeLease, TelemetrySample
 from app.timeutil import utcnow
 from tests.support import ADMIN, OPERATOR_KEY, app_env, factories
 from tests.support.metrics import publish, scrape
+from tests.support.nodes import online_node
+from tests.support.runtime import acquired_artifact
 
 METRICS_TOKEN = "mft-" + "m" * 40
 GPU_A = "GPU-00000000-0000-0000-0000-00000000000a"
@@ -169,6 +171,22 @@ def test_jobs_are_counted_by_type_and_state(app, client):
         ("artifact.acquire.v1", "failed"): 1,
         ("runtime.benchmark.v1", "succeeded"): 1,
     }
+
+
+def test_deployments_are_counted_by_state_and_each_live_one_has_its_state(app, client):
+    node = online_node(client)
+    artifact = acquired_artifact(client, node)
+    for name, state in [("chat", "ready"), ("code", "loading"), ("old", "stopped")]:
+        body = {"name": name, "artifact_id": artifact["id"], "model_file": "tiny.gguf"}
+        created = client.post("/api/v1/admin/deployments", json=body, headers=ADMIN).get_json()
+        with app.app_context():
+            db.session.get(Deployment, created["id"]).state = state
+            db.session.commit()
+    samples = scrape(client)
+    counts = {s.labels["state"]: s.value for s in samples if s.name == "modelforge_deployments"}
+    assert counts == {"ready": 1, "loading": 1, "stopped": 1}
+    live = {s.labels["deployment"]: s.labels["state"] for s in samples if s.name == "modelforge_deployment_state"}
+    assert live == {"chat": "ready", "code": "loading"}  # a stopped one is history, not a series
 
 
 def test_http_series_are_labelled_by_route_template_never_by_path_or_id(client):
