@@ -482,10 +482,8 @@ class Deployments:
                     present[deployment_id] = {**status, "state": "stopped"}
         for each in self.desired.values():
             if each.desired == "stopped":
-                if as_dict(present.get(each.id)).get("state") not in (
-                    "loading",
-                    "ready",
-                ):  # never while it still holds memory
+                still_loaded = as_dict(present.get(each.id)).get("state") in ("loading", "ready")
+                if not still_loaded:  # never while the worker still holds its memory
                     self.report(each.id, "stopped", None)
                 continue
             status = present.get(each.id)
