@@ -214,7 +214,11 @@ def test_the_checklist_fills_item_by_item_and_the_node_validates_only_at_the_end
 
         # 2. Stopped until offline, started again with an nvidia-smi that agrees: three items at once.
         first.stop()
-        wait_action(base, node_id, "node.stale", SILENCE_JUDGED_WITHIN)
+        try:
+            wait_action(base, node_id, "node.stale", SILENCE_JUDGED_WITHIN)
+        except AssertionError as missing:  # say what the server (and its scheduler) said meanwhile
+            said = [line for line in server.log().splitlines() if '"GET /api/v1/admin/audit-events' not in line]
+            raise AssertionError(f"{missing}; the server's last words:\n" + "\n".join(said[-80:])) from None
         wait_action(base, node_id, "node.offline")
         assert states(base, node_id)["recovery"] == "missing"  # stale and offline, not yet returned
         second = agent(nvidia_smi_on_path(tmp_path / "agreeing", AGREEING))
