@@ -29,10 +29,15 @@ def _node_names() -> dict[str, str]:
     return dict(db.session.execute(sa.select(Node.id, Node.display_name)).all())
 
 
+def _artifacts() -> list[Artifact]:
+    """Every acquired artifact, newest first: what the deploy form offers."""
+    return list(db.session.scalars(sa.select(Artifact).order_by(Artifact.verified_at.desc())))
+
+
 def _list(status: int = 200, form: DeploymentForm | None = None):
     names = _node_names()
     found = deployments.list_all()
-    every_artifact = list(db.session.scalars(sa.select(Artifact).order_by(Artifact.verified_at.desc())))
+    every_artifact = _artifacts()
     return page_or_partial(
         "deployments.html",
         "partials/_deployments_table.html",
@@ -58,7 +63,7 @@ def deployments_page():
 def deployment_create():
     """S2: deploy a model file; its page follows it while the node loads it. Refusals inline (422)."""
     names = _node_names()
-    every_artifact = list(db.session.scalars(sa.select(Artifact).order_by(Artifact.verified_at.desc())))
+    every_artifact = _artifacts()
     form = DeploymentForm(every_artifact, names)
     if not form.validate_on_submit():
         return _list(422, form=form)
