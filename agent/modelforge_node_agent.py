@@ -1824,6 +1824,7 @@ class Agent:
         self.capabilities = advertised_capabilities(self.worker.compatible, self.worker.serves)
         self.storage_roots = StorageRoots(config.data_dirs["artifacts"])
         self.deployments = None  # S2: modelforge_agent_runtime.Deployments, once a reply carries the list
+        self.relay = None  # S5: modelforge_agent_relay.Relay, once the worker serves deployments
         self.jobs = JobsClient(self.client)
         self.jobs_waiting = 0
         self.claim_due = True  # J2: one claim right after start-up, in case a job waits already
@@ -2078,8 +2079,15 @@ class Agent:
         """S2: after each heartbeat, make the worker hold what the control plane wants loaded."""
         if self.deployments is None:
             return
+        serves = self.worker.compatible and self.worker.serves
+        if serves and self.relay is None:
+            from modelforge_agent_relay import Relay  # S5: requests for them arrive over this connection
+
+            self.relay = Relay(
+                self.config, lambda: self.client.credential, self.worker.client.socket_path, lambda: self.interval
+            ).start()
         try:
-            self.deployments.reconcile(self.worker.compatible and self.worker.serves)
+            self.deployments.reconcile(serves)
         except Exception:  # one bad reconcile must never stop the heartbeats
             log.exception("reconciling deployments failed; trying again after the next heartbeat")
 

@@ -9,8 +9,18 @@ import tempfile
 import threading
 
 bind = os.environ.get("MODELFORGE_BIND", "127.0.0.1:8000")
-workers = int(os.environ.get("WEB_CONCURRENCY", "4"))
-worker_class = "sync"
+# S5: threads, not sync workers. A relay connection (an agent's WebSocket) and a client's token
+# stream each hold one thread for as long as they last; with sync workers four streams would lock
+# the console and the agent API out. bench/relay.py chose this over chunked long-poll (+227 ms per
+# token) and an asyncio service (0.5 ms faster per token, a second server to run).
+worker_class = "gthread"
+threads = int(os.environ.get("MODELFORGE_WEB_THREADS", "16"))
+# On SQLite, one process holds every relay connection: a request meets its node's connection in
+# memory, and SQLite has one writer anyway (bench/heartbeat.py: one threaded worker carries 0.54 of
+# /healthz's rate in heartbeats, four threaded workers only 0.33). On PostgreSQL, WEB_CONCURRENCY
+# workers (and replicas) reach the process that holds a node's connection with LISTEN/NOTIFY.
+ON_SQLITE = os.environ.get("MODELFORGE_DATABASE_URL", "sqlite:").startswith("sqlite:")
+workers = 1 if ON_SQLITE else int(os.environ.get("WEB_CONCURRENCY", "4"))
 # Load the app once in the master so a configuration error stops start-up with one line.
 preload_app = True
 timeout = 30

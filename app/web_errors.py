@@ -54,7 +54,17 @@ STATUS_BY_CODE = {
     "API_KEY_INVALID": 401,  # S1: unknown, revoked or expired client key
     "DEPLOYMENT_NOT_FOUND": 404,
     "DEPLOYMENT_NAME_TAKEN": 409,  # S2: a deployment that is not stopped holds the name
-    "NO_NODE_FITS": 409,  # S3: no node can serve it; the message names each node and why
+    "NO_NODE_FITS": 409,
+    "model_not_found": 404,  # S4: OpenAI's own code, as its clients expect it
+    "DEPLOYMENT_NOT_READY": 503,  # S4: loading, or failed; the message says which
+    "NODE_UNAVAILABLE": 503,  # S5: the serving node has no relay connection now
+    "TOO_MANY_STREAMS": 429,  # S5: a deployment's or the process's bound on streams in flight
+    "INVALID_PARAMETER": 400,  # S4: a field of an OpenAI request
+    # S4: a generation the node refused or could not finish, in the worker's own codes.
+    "WORKER_BUSY": 429,
+    "WORKER_DEPLOYMENT_NOT_READY": 503,
+    "WORKER_DEPLOYMENT_UNKNOWN": 503,
+    "GENERATION_FAILED": 502,  # S3: no node can serve it; the message names each node and why
 }
 
 # The API's code and next step for errors Werkzeug raises before or instead of a view.
@@ -76,7 +86,7 @@ RETRY_AFTER_SECONDS = "2"
 
 def is_api_request() -> bool:
     """Whether this request is the API's (JSON errors) rather than the console's (HTML errors)."""
-    return request.path.startswith("/api/") or request.path in ("/healthz", METRICS_PATH)
+    return request.path.startswith(("/api/", "/v1/")) or request.path in ("/healthz", METRICS_PATH)
 
 
 def on_api_error(error: ApiError):

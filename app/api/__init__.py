@@ -38,6 +38,7 @@ VIEW_MODULES = (
     "acceptance",
     "agent",
     "agent_deployments",
+    "agent_relay",
     "agent_jobs",
     "api_keys",
     "audit_events",
@@ -59,12 +60,13 @@ def import_views() -> None:
 def init_app(app: Flask) -> None:
     """Register the API blueprints (their errors are answered by app.web_errors)."""
     import_views()
-    from app.api import health
+    from app.api import health, openai
 
     csrf.exempt(bp)  # STYLE 6: the API authenticates by header, never by cookie.
     csrf.exempt(health.bp)
     app.register_blueprint(bp)
     app.register_blueprint(health.bp)
+    openai.init_app(app)  # S4: /v1, OpenAI's paths and error shape
 
 
 def json_response(payload: object, status: int = 200):

@@ -120,7 +120,7 @@ _NOTE_USE = (
 )
 
 
-def _invalid(why: str) -> DomainError:
+def invalid(why: str) -> DomainError:
     return DomainError(
         "API_KEY_INVALID",
         f"The API key {why}.",
@@ -139,17 +139,17 @@ def authenticate(secret: str) -> Client:
     starts as the request wants it, and a busy client costs no write per request.
     """
     if not secret.startswith(tokens.API_KEY_PREFIX):
-        raise _invalid("is not a client key (mfk_…)")
+        raise invalid("is not a client key (mfk_…)")
     now = utcnow()
     with db.engine.connect().execution_options(**{READ_ONLY: True}) as connection:
         row = connection.execute(_FIND, {"digest": tokens.digest(secret)}).one_or_none()
     # The index found the row; compare_digest keeps the final check constant-time.
     if row is None or not tokens.same_digest(row.key_hash, secret):
-        raise _invalid("is not known to this control plane")
+        raise invalid("is not known to this control plane")
     if row.revoked_at is not None:
-        raise _invalid("has been revoked")
+        raise invalid("has been revoked")
     if row.expires_at is not None and row.expires_at <= now:
-        raise _invalid("has expired")
+        raise invalid("has expired")
     due = now - LAST_USED_RESOLUTION
     # Never while the caller's own transaction is open: on SQLite it may hold the write lock.
     if (row.last_used_at is None or row.last_used_at < due) and not db.session().in_transaction():

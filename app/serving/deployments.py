@@ -179,6 +179,33 @@ def get(deployment_id: str, lock: bool = False) -> Deployment:
     return deployment
 
 
+def serving(name: str) -> Deployment:
+    """S4: the deployment a client names as `model`, ready to generate; 404 `model_not_found` when
+    no deployment that is not stopped has the name, 503 DEPLOYMENT_NOT_READY while it loads or
+    after it failed (with its error)."""
+    deployment = db.session.scalars(
+        sa.select(Deployment).where(
+            Deployment.name == name,
+            Deployment.state.not_in([str(DeploymentState.STOPPING), str(DeploymentState.STOPPED)]),
+        )
+    ).first()
+    if deployment is None:
+        raise DomainError(
+            "model_not_found",
+            f"No model is deployed under the name {name[:200]!r}.",
+            "GET /v1/models lists the names; an operator deploys a model on the console's Deployments page.",
+            param="model",
+        )
+    if deployment.state != DeploymentState.READY:
+        why = f": {deployment.error_message}" if deployment.state == DeploymentState.FAILED else ""
+        raise DomainError(
+            "DEPLOYMENT_NOT_READY",
+            f"The model {name!r} is {deployment.state}{why}.",
+            deployment.error_next_step or "Retry when its deployment is ready (the console's Deployments page).",
+        )
+    return deployment
+
+
 def list_all(node_id: str | None = None) -> list[Deployment]:
     """Deployments newest first, stopped ones too (their history), optionally one node's."""
     query = sa.select(Deployment).order_by(Deployment.created_at.desc(), Deployment.id.desc())

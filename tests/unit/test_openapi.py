@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from app.api import bodies
-from app.api.openapi import document
+from app.api.openapi import NOT_DESCRIBED, document
 from app.extensions import db
 from app.timeutil import isoformat, parse_rfc3339, utcnow
 from tests.support import OPERATOR_KEY, factories
@@ -58,7 +58,8 @@ def test_document_paths_match_the_registered_routes(app):
     documented = {
         (path, method) for path, item in document()["paths"].items() for method in item if method in HTTP_METHODS
     }
-    assert documented == registered
+    assert documented == registered - set(NOT_DESCRIBED)
+    assert set(NOT_DESCRIBED) <= registered  # each route it leaves out exists
 
 
 def test_every_operation_documents_its_errors_and_auth():

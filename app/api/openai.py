@@ -1,0 +1,200 @@
+"""S4: the OpenAI-compatible API at `/v1`, for client keys (S1), relayed to the serving node (S5).
+
+`GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`; streaming as Server-Sent
+Events (`data: {chunk}` lines, then `data: [DONE]`), a comment line at least every
+relay.KEEPALIVE_SECONDS while nothing else flows. Errors come in OpenAI's shape, with our
+`next_step` beside its fields, so the official client raises the right exception.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from flask import Blueprint, Response, request
+from werkzeug.exceptions import HTTPException
+
+from app.api.errors import ApiError
+from app.db import db
+from app.errors import DomainError
+from app.extensions import csrf
+from app.models.deployment import DeploymentState
+from app.serving import api_keys, completions, deployments, relay
+from app.web_errors import INTERNAL_ERROR, STATUS_BY_CODE
+
+v1 = Blueprint("openai", __name__, url_prefix="/v1")
+
+# How long a stream may hear nothing at all from its node (queued behind others, a long prompt)
+# before it is given up as lost; keep-alive comments flow meanwhile.
+NODE_SILENCE_SECONDS = 300.0
+ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+
+
+def openai_error(status: int, code: str, message: str, next_step: str, param: str | None = None) -> Response:
+    """OpenAI's error body, `{"error": {"message", "type", "code", "param"}}`, plus `next_step`."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    body = {"error": {"message": message, "type": kind, "code": code, "param": param, "next_step": next_step}}
+    response = Response(json.dumps(body), status=status, mimetype="application/json")
+    response.headers["Cache-Control"] = "no-store"
+    if status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    if status in (429, 503):
+        response.headers["Retry-After"] = "2"
+    return response
+
+
+@v1.errorhandler(DomainError)
+def _on_domain_error(error: DomainError):
+    db.session.rollback()
+    status = STATUS_BY_CODE.get(error.code, 400)
+    return openai_error(status, error.code, error.message, error.next_step, error.extra.get("param"))
+
+
+@v1.errorhandler(ApiError)
+def _on_api_error(error: ApiError):
+    db.session.rollback()
+    return openai_error(error.status, error.code, error.message, error.next_step, error.extra.get("field"))
+
+
+@v1.errorhandler(HTTPException)
+def _on_http_error(error: HTTPException):
+    status = error.code or 500
+    return openai_error(
+        status, error.name.upper().replace(" ", "_"), error.description or error.name, "See the message."
+    )
+
+
+def _client() -> api_keys.Client:
+    """S1: the client key, first thing (api_keys.authenticate writes its last use outside any transaction)."""
+    scheme, _, secret = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise api_keys.invalid("is missing: send `Authorization: Bearer mfk_…`")
+    return api_keys.authenticate(secret.strip())
+
+
+@v1.get("/models")
+def models():
+    """The deployments clients can name as `model`: every one not stopped, by name."""
+    _client()
+    listed = [
+        {"id": each.name, "object": "model", "created": int(each.created_at.timestamp()), "owned_by": "modelforge"}
+        for each in deployments.list_all()
+        if each.state not in (DeploymentState.STOPPING, DeploymentState.STOPPED)
+    ]
+    response = Response(json.dumps({"object": "list", "data": listed}), mimetype="application/json")
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@v1.post("/chat/completions")
+def chat_completions():
+    return _complete(completions.CHAT)
+
+
+@v1.post("/completions")
+def text_completions():
+    return _complete(completions.COMPLETION)
+
+
+def _complete(kind: str):
+    _client()
+    body = request.get_json(silent=True)
+    if body is None:
+        raise completions.invalid("body", "must be JSON with Content-Type: application/json")
+    completion = completions.parse(kind, body)
+    deployment = deployments.serving(completion.model)
+    node_id, deployment_id = deployment.node_id, deployment.id
+    db.session.commit()  # nothing held (on SQLite, no lock) while the model generates
+    db.session.remove()
+    stream = relay.HUB.open(node_id, deployment_id, completion.request)
+    events = stream.iterate(NODE_SILENCE_SECONDS)
+    try:
+        first = next(events)
+        if first is not None and first.get("event") != "token":
+            _raise_failure(first)
+    except BaseException:
+        stream.close()
+        raise
+    answer = completions.Answer(completion)
+    if not completion.stream:
+        try:
+            return _whole(answer, first, events)
+        finally:
+            stream.close()
+    response = Response(_sse(answer, completion, first, events, stream), mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Accel-Buffering"] = "no"  # S5: the bundled nginx passes it on unbuffered
+    return response
+
+
+def _raise_failure(event: dict) -> None:
+    """A stream's end other than `finished`: the relay dropped, or the generation failed."""
+    if event.get("event") == relay.RELAY_LOST:
+        raise relay.node_unavailable(str(event.get("message")))
+    raise completions.failure(event)
+
+
+def _whole(answer: completions.Answer, first: dict | None, events: Iterator[dict | None]) -> Response:
+    pieces: list[str] = []
+    event = first
+    while True:
+        if event is not None:
+            if event.get("event") == "token":
+                pieces.append(str(event.get("text", "")))
+            elif event.get("event") == "finished":
+                reply = answer.whole("".join(pieces), event)
+                response = Response(json.dumps(reply), mimetype="application/json")
+                response.headers["Cache-Control"] = "no-store"
+                return response
+            else:
+                _raise_failure(event)
+        event = next(events)
+
+
+def _data(payload: object) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _sse(answer, completion, first, events, stream) -> Iterator[bytes]:
+    """The stream as it is generated. A client that hangs up makes the next write fail; gunicorn
+    then closes this generator and `stream.close()` cancels the generation on the node (S5)."""
+    try:
+        opening = answer.opening()
+        if opening is not None:
+            yield _data(opening)
+        event = first
+        while True:
+            if event is None:
+                yield b": keep-alive\n\n"
+            elif event.get("event") == "token":
+                yield _data(answer.piece(str(event.get("text", ""))))
+            elif event.get("event") == "finished":
+                yield _data(answer.closing(event))
+                if completion.include_usage:
+                    yield _data(answer.usage(event))
+                yield b"data: [DONE]\n\n"
+                return
+            else:
+                try:
+                    _raise_failure(event)
+                except DomainError as error:
+                    status = STATUS_BY_CODE.get(error.code, 400)
+                    kind = "server_error" if status >= 500 else "invalid_request_error"
+                    body = {"message": error.message, "type": kind, "code": error.code, "param": None}
+                    yield _data({"error": {**body, "next_step": error.next_step}})
+                return
+            event = next(events)
+    except GeneratorExit:
+        raise
+    except Exception:  # never a half-written stream with no word: say so in the stream's own shape
+        message, next_step = INTERNAL_ERROR
+        yield _data(
+            {"error": {"message": message, "type": "server_error", "code": "INTERNAL_ERROR", "next_step": next_step}}
+        )
+    finally:
+        stream.close()
+
+
+def init_app(app) -> None:
+    csrf.exempt(v1)  # keys travel in a header, never a cookie
+    app.register_blueprint(v1)

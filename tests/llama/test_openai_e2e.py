@@ -1,0 +1,244 @@
+"""The OpenAI-compatible API end to end: the official `openai` client at the control plane, the
+request relayed over the agent's own outbound WebSocket to the runtime worker (S4, S5, P1).
+
+gunicorn, the agent process and the runtime worker process on the tiny random llama acquired
+through the stand-in Hub. The tiny model never emits end of text, so every answer runs to its
+`max_tokens`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from tests.support import ADMIN, wait_until
+from tests.support.acquire import api, start_agent
+from tests.support.serving import runtime_node, wait_capabilities
+from tests.support.worker import call
+
+SERVE = "runtime.serve.v1"
+LOAD_TIMEOUT = 60.0
+NAME = "tiny-chat"
+
+
+def mint_key(server) -> str:
+    minted = api(server, "POST", "/api/v1/admin/api-keys", json={"name": "e2e"})
+    assert minted.status_code == 201, minted.text
+    return minted.json()["key"]
+
+
+def deploy_ready(server, artifact_id: str, name: str = NAME) -> dict:
+    """A deployment with the longest context, so a generation without `max_tokens` runs for seconds."""
+    body = {"name": name, "artifact_id": artifact_id, "model_file": "tiny.gguf", "context_length": 8192}
+    created = api(server, "POST", "/api/v1/admin/deployments", json=body)
+    assert created.status_code == 201, created.text
+    deployment_id = created.json()["id"]
+
+    def ready():
+        found = api(server, "GET", f"/api/v1/admin/deployments/{deployment_id}").json()
+        assert found["state"] != "failed", found
+        return found if found["state"] == "ready" else None
+
+    return wait_until(ready, f"deployment {name} ready", LOAD_TIMEOUT)
+
+
+@pytest.fixture
+def serving(tmp_path, socket_dir, jobs_server, hub, model_repo):
+    """A runtime node with one ready deployment, and a client key."""
+    agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, model_repo)
+    wait_capabilities(jobs_server, node_id, {SERVE})
+    deployment = deploy_ready(jobs_server, artifact_id)
+    key = mint_key(jobs_server)
+    client = openai.OpenAI(base_url=jobs_server.url + "/v1", api_key=key, max_retries=0, timeout=60)
+    wait_until(lambda: "relay: connected" in agent.log(), "the agent's relay connection", 20)
+    with client:
+        yield {
+            "agent": agent,
+            "worker": worker,
+            "node_id": node_id,
+            "client": client,
+            "key": key,
+            "deployment": deployment,
+        }
+
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello\nin two lines."}]
+
+
+def test_the_official_client_chats_and_completes_streaming_or_not_with_usage_counted(serving, jobs_server):
+    client = serving["client"]
+    assert NAME in [model.id for model in client.models.list()]
+
+    whole = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=12, temperature=0.9, seed=7)
+    assert whole.object == "chat.completion" and whole.model == NAME
+    text = whole.choices[0].message.content
+    assert whole.choices[0].message.role == "assistant" and text
+    assert whole.choices[0].finish_reason == "length"  # the tiny model never ends by itself
+    usage = whole.usage
+    assert usage.completion_tokens == 12 and usage.prompt_tokens > 5
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+    # The same seed gives the same text; streamed, its pieces join to the whole, and usage comes last.
+    chunks = list(
+        client.chat.completions.create(
+            model=NAME, messages=MESSAGES, max_tokens=12, temperature=0.9, seed=7, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    pieces = [chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices]
+    assert "".join(pieces) == text
+    assert sum(1 for piece in pieces if piece) >= 2  # token by token, not one buffered block
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == usage.model_dump()
+
+    other = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=12, temperature=0.9, seed=8)
+    assert other.choices[0].message.content != text  # the seed is honoured, not ignored
+
+    completion = client.completions.create(model=NAME, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert completion.object == "text_completion" and completion.choices[0].text
+    assert completion.usage.completion_tokens == 8
+    streamed = client.completions.create(
+        model=NAME, prompt="Once upon a time", max_tokens=8, temperature=0, stream=True
+    )
+    assert "".join(chunk.choices[0].text for chunk in streamed) == completion.choices[0].text
+
+
+def test_refusals_come_in_openai_shape_and_the_client_raises_the_matching_error(serving, jobs_server):
+    client = serving["client"]
+    for key in ("mfk_" + "0" * 43, ADMIN["X-ModelForge-Admin-Token"]):  # S1: the operator key is not a client key
+        with (
+            openai.OpenAI(base_url=jobs_server.url + "/v1", api_key=key, max_retries=0) as stranger,
+            pytest.raises(openai.AuthenticationError) as refused,
+        ):
+            stranger.models.list()
+        assert refused.value.body["code"] == "API_KEY_INVALID"
+
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="no-such-model", messages=MESSAGES)
+    assert missing.value.body["code"] == "model_not_found" and missing.value.body["param"] == "model"
+
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=5)
+    assert "temperature" in bad.value.body["message"] and bad.value.body["next_step"]
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model=NAME, messages=MESSAGES, n=2)
+    assert bad.value.body["param"] == "n"
+
+    answer = requests.post(
+        jobs_server.url + "/v1/chat/completions",
+        data=b"{not json",
+        headers={"Authorization": f"Bearer {serving['key']}", "Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert answer.status_code == 400 and set(answer.json()["error"]) >= {"message", "type", "code", "param"}
+    assert serving["key"] not in jobs_server.log()  # P2: the key is never logged
+
+
+def listening_sockets() -> set[str]:
+    """Socket inodes in TCP LISTEN state, and every bound UDP socket, in this network namespace."""
+    found = set()
+    for table in ("tcp", "tcp6", "udp", "udp6"):
+        path = Path("/proc/net") / table
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            if table.startswith("udp") or fields[3] == "0A":
+                found.add(fields[9])
+    return found
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it (any of its threads may have started one)."""
+    below = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = task / "children"
+        below += [int(each) for each in children.read_text().split()] if children.exists() else []
+    return [pid, *(grandchild for child in below for grandchild in process_tree(child))]
+
+
+def socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def test_the_node_side_listens_on_no_port_while_it_serves(serving):
+    client = serving["client"]
+    stream = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=40, stream=True)
+    next(iter(stream))  # mid-generation: the engine process is working
+    pids = process_tree(serving["agent"].process.pid) + process_tree(serving["worker"].process.pid)
+    assert len(pids) >= 3  # agent, worker, and the deployment's engine process
+    listening = listening_sockets()
+    held = {pid: socket_inodes(pid) & listening for pid in pids}
+    assert not any(held.values()), held  # S5: neither agent nor worker listens on TCP or UDP
+    stream.close()
+
+
+def test_a_client_that_hangs_up_stops_the_generation_on_the_node_within_a_second(serving, jobs_server):
+    client = serving["client"]
+    deployment_id = serving["deployment"]["id"]
+    # Greedy, so the end-of-text token (a zero logit) is never drawn: it runs to ~8,000 tokens.
+    stream = client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, stream=True)
+    chunks = iter(stream)
+    for _ in range(4):
+        next(chunks)
+    stream.close()
+    hung_up = time.monotonic()
+
+    def idle():
+        answer = call(serving["worker"].socket_path, "GET", f"/v1/deployments/{deployment_id}")[1]
+        return answer if answer["in_flight"] == 0 else None
+
+    after = wait_until(idle, lambda: f"the generation to end:\n{jobs_server.log()[-2000:]}", 5)
+    assert time.monotonic() - hung_up < 1.5  # S5: within a second, plus this poll's own step
+    assert after["measured"]["generated_tokens"] < 8000  # it did not run to its limit
+    assert "hung up; cancelling it" in serving["worker"].log()
+    assert "cancelling it on the node" in jobs_server.log()
+    # The next request is served at once: nothing is left generating.
+    started = time.monotonic()
+    client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
+    assert time.monotonic() - started < 5
+
+
+def test_an_agent_that_drops_fails_its_requests_with_503_and_serves_again_once_it_is_back(
+    serving, jobs_server, tmp_path, hub
+):
+    client, agent = serving["client"], serving["agent"]
+    stream = client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, stream=True)
+    chunks = iter(stream)
+    next(chunks)
+    agent.process.kill()
+    agent.process.wait()
+    with stream, pytest.raises(openai.APIError) as lost:  # the stream in flight ends with an error event
+        for _ in chunks:
+            pass
+    assert "NODE_UNAVAILABLE" in str(lost.value.body) or "not connected" in str(lost.value)
+    with pytest.raises(openai.InternalServerError) as unavailable:
+        client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
+    assert unavailable.value.status_code == 503 and unavailable.value.body["code"] == "NODE_UNAVAILABLE"
+    assert unavailable.value.body["next_step"]
+
+    connected = agent.log().count("relay: connected")  # the restarted agent writes to the same log
+    restarted = start_agent(
+        tmp_path, jobs_server, hub, MODELFORGE_AGENT_WORKER_SOCKET=str(serving["worker"].socket_path)
+    )
+    came_back = time.monotonic()
+    wait_until(
+        lambda: restarted.log().count("relay: connected") > connected, "the restarted agent's relay connection", 30
+    )
+    answer = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
+    assert answer.usage.completion_tokens == 4
+    assert time.monotonic() - came_back < 30
