@@ -14,7 +14,7 @@ from app.api import bp
 from app.api.auth import bearer_credential
 from app.db import db
 from app.nodes import publishing
-from app.serving import relay
+from app.serving import relay, relay_notify
 
 
 class _HandedOver(Response):
@@ -33,6 +33,7 @@ def agent_relay():
     node_id = publishing.authenticate(bearer_credential(), first_use=False).node_id
     db.session.commit()  # no transaction (and on SQLite no lock) held for the connection's life
     db.session.remove()
+    relay_notify.start(db.engine, relay.HUB)  # on PostgreSQL, the other processes learn who holds it
     socket = Server(request.environ, ping_interval=relay.PING_SECONDS, max_message_size=relay.FRAME_MAX_BYTES)
     connection = relay.HUB.attach(node_id, socket)
     current_app.logger.info("relay: node %s connected", node_id)

@@ -19,7 +19,7 @@ from app.db import db
 from app.errors import DomainError
 from app.extensions import csrf
 from app.models.deployment import DeploymentState
-from app.serving import api_keys, completions, deployments, relay
+from app.serving import api_keys, completions, deployments, relay, relay_notify
 from app.web_errors import INTERNAL_ERROR, STATUS_BY_CODE
 
 v1 = Blueprint("openai", __name__, url_prefix="/v1")
@@ -106,6 +106,7 @@ def _complete(kind: str):
     node_id, deployment_id = deployment.node_id, deployment.id
     db.session.commit()  # nothing held (on SQLite, no lock) while the model generates
     db.session.remove()
+    relay_notify.start(db.engine, relay.HUB)  # on PostgreSQL, the node may be held elsewhere
     stream = relay.HUB.open(node_id, deployment_id, completion.request)
     events = stream.iterate(NODE_SILENCE_SECONDS)
     try:

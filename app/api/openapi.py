@@ -200,7 +200,10 @@ def _schemas(models: list[type[BaseModel]]) -> dict[str, dict]:
 
 # Routes this document leaves out, each with why (tests/unit/test_openapi.py checks the rest).
 NOT_DESCRIBED = {
-    ("/api/v1/agent/relay", "get"): "a WebSocket (S5), which OpenAPI cannot describe; app/serving/relay.py says its frames",
+    (
+        "/api/v1/agent/relay",
+        "get",
+    ): "a WebSocket (S5), which OpenAPI cannot describe; app/serving/relay.py says its frames",
     ("/v1/models", "get"): "OpenAI's API (S4), in OpenAI's shapes; docs/serving.md",
     ("/v1/chat/completions", "post"): "OpenAI's API (S4), in OpenAI's shapes; docs/serving.md",
     ("/v1/completions", "post"): "OpenAI's API (S4), in OpenAI's shapes; docs/serving.md",

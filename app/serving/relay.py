@@ -60,11 +60,12 @@ def too_many_streams(what: str, limit: int) -> DomainError:
 
 @dataclass
 class Stream:
-    """One request in flight: its events arrive on `events`, in order."""
+    """One request in flight: its events arrive on `events`, in order. `connection` is the node's
+    relay connection in this process, or None for a stream another process relays (relay_notify)."""
 
     id: str
     deployment_id: str
-    connection: Connection
+    connection: Connection | None
     events: queue.Queue = field(default_factory=queue.Queue)
     done: bool = False
 
@@ -100,7 +101,10 @@ class Stream:
         if not self.done:
             self.done = True
             log.info("relay: the client left request %s before its end; cancelling it on the node", self.id)
-            self.connection.send({"type": "cancel", "id": self.id})
+            self.cancel()
+
+    def cancel(self) -> None:
+        self.connection.send({"type": "cancel", "id": self.id})
 
 
 class Connection:
@@ -137,20 +141,34 @@ class Hub:
         self._lock = threading.Lock()
         self._connections: dict[str, Connection] = {}
         self._streams: dict[str, Stream] = {}
+        self.remote = None  # relay_notify.Remote on PostgreSQL: the other processes and replicas
 
     def attach(self, node_id: str, socket) -> Connection:
-        """The node's new connection; an older one of the same node is dropped (its streams fail)."""
+        """The node's new connection; an older one of the same node is dropped (its streams fail),
+        here and, on PostgreSQL, in every other process (relay_notify)."""
         connection = Connection(node_id, socket)
         with self._lock:
             older = self._connections.get(node_id)
             self._connections[node_id] = connection
         if older is not None:
-            self._drop(older, "the agent opened a newer connection")
-            try:
-                older.socket.close()
-            except Exception:  # already gone
-                pass
+            self._close(older, "the agent opened a newer connection")
+        if self.remote is not None:
+            self.remote.attached(node_id)
         return connection
+
+    def drop_node(self, node_id: str, why: str) -> None:
+        """Close this process's connection of the node, if it has one (another process took it)."""
+        with self._lock:
+            older = self._connections.pop(node_id, None)
+        if older is not None:
+            self._close(older, why)
+
+    def _close(self, connection: Connection, why: str) -> None:
+        self._drop(connection, why)
+        try:
+            connection.socket.close()
+        except Exception:  # already gone
+            pass
 
     def detach(self, connection: Connection, why: str) -> None:
         """The connection ended: forget it and fail whatever was still in flight over it."""
@@ -175,6 +193,10 @@ class Hub:
 
         Refused with 503 NODE_UNAVAILABLE when the node has no connection here, 429
         TOO_MANY_STREAMS past a bound (nothing is sent then)."""
+        with self._lock:
+            connection = self._connections.get(node_id)
+        if connection is None and self.remote is not None:
+            return self.remote.open(node_id, deployment_id, request)  # held by another process, if any
         with self._lock:
             connection = self._connections.get(node_id)
             if connection is None:

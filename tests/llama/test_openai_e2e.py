@@ -242,3 +242,63 @@ def test_an_agent_that_drops_fails_its_requests_with_503_and_serves_again_once_i
     answer = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
     assert answer.usage.completion_tokens == 4
     assert time.monotonic() - came_back < 30
+
+
+def test_on_postgresql_a_request_at_one_replica_is_served_by_the_node_connected_to_the_other(
+    postgres_database, tmp_path, socket_dir, hub, model_repo
+):
+    """S5: two control planes on one PostgreSQL, four gthread workers each. The agent's relay
+    connection lands in one process of the first; every request goes to the second, so each one
+    crosses replicas over LISTEN/NOTIFY — and so does a hang-up."""
+    from tests.support import JOB_LEASE_SECONDS, truncate_all
+    from tests.support.gunicorn import GunicornServer
+
+    truncate_all(postgres_database)
+    fast = {
+        "MODELFORGE_HEARTBEAT_INTERVAL_SECONDS": "1",
+        "MODELFORGE_SWEEP_INTERVAL_SECONDS": "1",
+        "MODELFORGE_JOB_LEASE_SECONDS": str(JOB_LEASE_SECONDS),
+    }
+    servers = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        servers.append(GunicornServer(postgres_database, tmp_path / name, workers=4, **fast))
+        servers[-1].start()
+    first, second = servers
+    try:
+        _, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, first, hub, model_repo)
+        wait_capabilities(first, node_id, {SERVE})
+        deployment = deploy_ready(first, artifact_id)
+        wait_until(lambda: "relay: node" in first.log(), "the relay connection at the first replica", 20)
+        with openai.OpenAI(base_url=second.url + "/v1", api_key=mint_key(first), max_retries=0, timeout=60) as client:
+            texts = set()
+            for _ in range(6):  # each lands on any of the second replica's four workers
+                answer = client.chat.completions.create(
+                    model=NAME, messages=MESSAGES, max_tokens=6, temperature=0.9, seed=3
+                )
+                assert answer.usage.completion_tokens == 6
+                texts.add(answer.choices[0].message.content)
+            assert len(texts) == 1  # the same seed, the same text, whichever way it went
+            chunks = list(client.chat.completions.create(
+                model=NAME, messages=MESSAGES, max_tokens=6, temperature=0.9, seed=3, stream=True
+            ))  # fmt: skip
+            assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) in texts
+
+            stream = client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, stream=True)
+            chunks = iter(stream)
+            for _ in range(4):
+                next(chunks)
+            stream.close()
+            hung_up = time.monotonic()
+
+            def idle():
+                answer = call(worker.socket_path, "GET", f"/v1/deployments/{deployment['id']}")[1]
+                return answer if answer["in_flight"] == 0 else None
+
+            after = wait_until(idle, "the generation cancelled across replicas", 5)
+            assert time.monotonic() - hung_up < 1.5
+            assert after["measured"]["generated_tokens"] < 8000
+        assert "relay: node" not in second.log()  # the node never connected to the second replica
+    finally:
+        for server in servers:
+            server.stop()
