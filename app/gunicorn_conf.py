@@ -14,7 +14,9 @@ bind = os.environ.get("MODELFORGE_BIND", "127.0.0.1:8000")
 # the console and the agent API out. bench/relay.py chose this over chunked long-poll (+227 ms per
 # token) and an asyncio service (0.5 ms faster per token, a second server to run).
 worker_class = "gthread"
-threads = int(os.environ.get("MODELFORGE_WEB_THREADS", "16"))
+# 64: room for relay.STREAMS_PER_PROCESS (16) streams, one connection per node, and the console
+# and API beside them; an idle keep-alive connection waits in gthread's poller, not on a thread.
+threads = int(os.environ.get("MODELFORGE_WEB_THREADS", "64"))
 # On SQLite, one process holds every relay connection: a request meets its node's connection in
 # memory, and SQLite has one writer anyway (bench/heartbeat.py: one threaded worker carries 0.54 of
 # /healthz's rate in heartbeats, four threaded workers only 0.33). On PostgreSQL, WEB_CONCURRENCY

@@ -27,6 +27,7 @@ v1 = Blueprint("openai", __name__, url_prefix="/v1")
 # How long a stream may hear nothing at all from its node (queued behind others, a long prompt)
 # before it is given up as lost; keep-alive comments flow meanwhile.
 NODE_SILENCE_SECONDS = 300.0
+FIRST_EVENT_SECONDS = 2.0
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 
 
@@ -110,7 +111,9 @@ def _complete(kind: str):
     stream = relay.HUB.open(node_id, deployment_id, completion.request)
     events = stream.iterate(NODE_SILENCE_SECONDS)
     try:
-        first = next(events)
+        # A refusal (a bad parameter, a full queue) comes at once and is answered with its status; a
+        # stream queued behind others starts its answer after FIRST_EVENT_SECONDS and waits in it.
+        first = stream.next_event(FIRST_EVENT_SECONDS) if completion.stream else next(events)
         if first is not None and first.get("event") != "token":
             _raise_failure(first)
     except BaseException:

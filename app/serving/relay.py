@@ -35,7 +35,7 @@ FRAME_MAX_BYTES = 1 << 20  # one frame, either way: a request body or one event
 PING_SECONDS = 15.0  # each end pings an idle connection; a silent peer is dropped after two
 KEEPALIVE_SECONDS = 15.0  # S5: a client hears at least a comment this often while nothing flows
 STREAMS_PER_DEPLOYMENT = 8  # below the worker's queue (1 generating + 8 waiting): 429 here first
-STREAMS_PER_PROCESS = 16  # each stream holds one of the process's threads (MODELFORGE_WEB_THREADS)
+STREAMS_PER_PROCESS = 16  # each holds one of the process's 64 threads (app/gunicorn_conf.py)
 FINAL_EVENTS = frozenset({"finished", "request_failed"})
 RELAY_LOST = "relay_lost"  # the event a stream gets when its node's connection drops
 

@@ -9,6 +9,7 @@ through the stand-in Hub. The tiny model never emits end of text, so every answe
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -302,3 +303,87 @@ def test_on_postgresql_a_request_at_one_replica_is_served_by_the_node_connected_
     finally:
         for server in servers:
             server.stop()
+
+
+def test_behind_the_bundled_nginx_the_relay_connects_and_tokens_stream_unbuffered(
+    tmp_path, socket_dir, jobs_server, hub, model_repo
+):
+    """S5: deploy/nginx/nginx.conf in front of gunicorn, for the agent's WebSocket and for clients."""
+    from tests.support.nginx import NGINX, DeployNginx
+
+    if NGINX is None:
+        pytest.skip("nginx is not installed")
+    (tmp_path / "nginx").mkdir()
+    proxy = DeployNginx(tmp_path / "nginx", jobs_server.port)
+    try:
+
+        class ThroughProxy:  # the control plane as the node and the client see it: nginx's address
+            url = proxy.url
+
+            def __getattr__(self, name):
+                return getattr(jobs_server, name)
+
+        _, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, ThroughProxy(), hub, model_repo)
+        wait_capabilities(jobs_server, node_id, {SERVE})
+        deployment = deploy_ready(jobs_server, artifact_id)
+        wait_until(lambda: "relay: node" in jobs_server.log(), "the relay connection through nginx", 20)
+        with openai.OpenAI(base_url=proxy.url + "/v1", api_key=mint_key(jobs_server), max_retries=0) as client:
+            whole = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=8, temperature=0)
+            chunks = list(client.chat.completions.create(
+                model=NAME, messages=MESSAGES, max_tokens=8, temperature=0, stream=True
+            ))  # fmt: skip
+            pieces = [chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices]
+            assert "".join(pieces) == whole.choices[0].message.content and sum(map(bool, pieces)) >= 2
+
+            # Unbuffered both ways: a client that leaves is seen through nginx at once.
+            stream = client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, stream=True)
+            chunks = iter(stream)
+            for _ in range(4):
+                next(chunks)
+            stream.close()
+            hung_up = time.monotonic()
+
+            def idle():
+                answer = call(worker.socket_path, "GET", f"/v1/deployments/{deployment['id']}")[1]
+                return answer if answer["in_flight"] == 0 else None
+
+            after = wait_until(idle, "the generation cancelled through nginx", 5)
+            assert time.monotonic() - hung_up < 1.5
+            assert after["measured"]["generated_tokens"] < 8000
+    finally:
+        proxy.stop()
+
+
+def test_streams_are_bounded_per_model_and_never_lock_the_console_or_the_agent_api_out(serving, jobs_server):
+    """S5: eight streams in flight (relay.STREAMS_PER_DEPLOYMENT) hold threads, not the server: the
+    console, /healthz and the agent's heartbeats still answer; a ninth stream is a clear 429."""
+    client, deployment_id = serving["client"], serving["deployment"]["id"]
+    leave = threading.Event()
+
+    def hold() -> None:
+        with client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, stream=True) as stream:
+            for _ in stream:
+                if leave.is_set():
+                    return
+
+    holders = [threading.Thread(target=hold, daemon=True) for _ in range(8)]
+    for holder in holders:
+        holder.start()
+    try:
+        wait_until(
+            lambda: call(serving["worker"].socket_path, "GET", f"/v1/deployments/{deployment_id}")[1]["in_flight"] == 8,
+            "eight requests in the worker's hands",
+            20,
+        )
+        with pytest.raises(openai.RateLimitError) as limited:
+            client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
+        assert limited.value.body["code"] == "TOO_MANY_STREAMS" and limited.value.body["next_step"]
+        for _ in range(10):
+            assert requests.get(jobs_server.url + "/healthz", timeout=5).status_code == 200
+            assert requests.get(jobs_server.url + "/login", timeout=5).status_code == 200
+        node = api(jobs_server, "GET", f"/api/v1/hardware/nodes/{serving['node_id']}").json()
+        assert node["status"] == "online" and node["heartbeat_age_seconds"] < 5, node  # heartbeats go on
+    finally:
+        leave.set()
+        for holder in holders:
+            holder.join(timeout=30)
