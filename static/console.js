@@ -106,6 +106,94 @@
   // Leaving the page (including into the back/forward cache) takes the secret with it.
   window.addEventListener("pagehide", function () { clearSecrets("closed"); });
 
-  document.addEventListener("DOMContentLoaded", function () { startCountdowns(document); });
+  // S6: the playground posts its form and reads the answer's Server-Sent Events as they arrive,
+  // each chunk's text appended as text (never as HTML). Stop aborts the request, which cancels
+  // the generation on the node.
+  function readEvents(response, onData) {
+    var reader = response.body.getReader();
+    var decoder = new TextDecoder();
+    var buffer = "";
+    function pump() {
+      return reader.read().then(function (chunk) {
+        if (chunk.done) return;
+        buffer += decoder.decode(chunk.value, { stream: true });
+        var events = buffer.split("\n\n");
+        buffer = events.pop();
+        for (var i = 0; i < events.length; i++) {
+          var lines = events[i].split("\n");
+          for (var j = 0; j < lines.length; j++) {
+            if (lines[j].indexOf("data: ") === 0 && onData(lines[j].slice(6)) === false) {
+              reader.cancel();
+              return;
+            }
+          }
+        }
+        return pump();
+      });
+    }
+    return pump();
+  }
+
+  function startPlaygrounds(root) {
+    root.querySelectorAll("form[data-playground]").forEach(function (form) {
+      if (form.dataset.playgroundStarted) return;
+      form.dataset.playgroundStarted = "1";
+      var section = form.closest("section");
+      var answer = section.querySelector("[data-testid=playground-answer]");
+      var status = section.querySelector("[data-testid=playground-status]");
+      var send = form.querySelector("[data-playground-send]");
+      var stop = form.querySelector("[data-playground-stop]");
+      var controller = null;
+      stop.addEventListener("click", function () { if (controller) controller.abort(); });
+      form.addEventListener("submit", function (event) {
+        event.preventDefault();
+        controller = new AbortController();
+        answer.textContent = "";
+        status.textContent = "Waiting for the model…";
+        send.disabled = true;
+        stop.hidden = false;
+        var pieces = 0;
+        var failure = null;
+        fetch(form.action, { method: "POST", body: new FormData(form), signal: controller.signal,
+                             headers: { "Accept": "text/event-stream" }, credentials: "same-origin" })
+          .then(function (response) {
+            if (!response.ok) {
+              return response.json().then(function (body) { throw body.error; },
+                                          function () { throw { message: "The control plane answered " + response.status + "." }; });
+            }
+            return readEvents(response, function (data) {
+              if (data === "[DONE]") return false;
+              var chunk = JSON.parse(data);
+              if (chunk.error) { failure = chunk.error; return false; }
+              var text = chunk.choices && chunk.choices[0] && chunk.choices[0].delta.content;
+              if (text) {
+                answer.append(document.createTextNode(text));
+                pieces += 1;
+                status.textContent = "Generating… " + pieces + " pieces so far.";
+              }
+            });
+          })
+          .then(function () {
+            if (failure) throw failure;
+            status.textContent = "Done: " + pieces + " pieces.";
+          })
+          .catch(function (error) {
+            if (error && error.name === "AbortError") {
+              status.textContent = "Stopped.";
+            } else {
+              status.textContent = ((error && error.message) || "The request failed.") +
+                (error && error.next_step ? " " + error.next_step : "");
+            }
+          })
+          .finally(function () {
+            send.disabled = false;
+            stop.hidden = true;
+            controller = null;
+          });
+      });
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () { startCountdowns(document); startPlaygrounds(document); });
   document.addEventListener("htmx:load", function (event) { startCountdowns(event.detail.elt); });
 })();

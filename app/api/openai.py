@@ -102,7 +102,12 @@ def _complete(kind: str):
     body = request.get_json(silent=True)
     if body is None:
         raise completions.invalid("body", "must be JSON with Content-Type: application/json")
-    completion = completions.parse(kind, body)
+    return answer(completions.parse(kind, body))
+
+
+def answer(completion: completions.Completion) -> Response:
+    """Relay a checked request to its model's node and answer it, whole or as a stream (S4, S5);
+    the console's playground answers through here too."""
     deployment = deployments.serving(completion.model)
     node_id, deployment_id = deployment.node_id, deployment.id
     db.session.commit()  # nothing held (on SQLite, no lock) while the model generates
@@ -119,13 +124,13 @@ def _complete(kind: str):
     except BaseException:
         stream.close()
         raise
-    answer = completions.Answer(completion)
+    replies = completions.Answer(completion)
     if not completion.stream:
         try:
-            return _whole(answer, first, events)
+            return _whole(replies, first, events)
         finally:
             stream.close()
-    response = Response(_sse(answer, completion, first, events, stream), mimetype="text/event-stream")
+    response = Response(_sse(replies, completion, first, events, stream), mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-store"
     response.headers["X-Accel-Buffering"] = "no"  # S5: the bundled nginx passes it on unbuffered
     return response

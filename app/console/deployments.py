@@ -1,8 +1,9 @@
 """Deployments in the console (S2, S6): the list with a form to deploy a model, and one
 deployment's page, which follows it live while its node loads the model and can stop it.
 
-The playground that streams a chat answer comes with the relay (S5); until then the page says
-how the deployment will be reached.
+The playground sends one chat message and streams the answer into the page token by token, the
+same way `/v1/chat/completions` streams it to clients (app/api/openai.py), with the operator's
+session instead of a client key (static/console.js reads it; no inline script, CSP kept).
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import sqlalchemy as sa
 from flask import flash, redirect, url_for
 
+from app.api import openai
 from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.auth import login_required
-from app.console.forms import DeploymentForm, EmptyForm
+from app.console.forms import PLAYGROUND_MAX_TOKENS, DeploymentForm, EmptyForm, PlaygroundForm
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Artifact, DeploymentState, Node
-from app.serving import deployments
+from app.serving import completions, deployments
 from app.timeutil import utcnow
 from app.web_errors import STATUS_BY_CODE
 
@@ -90,6 +92,8 @@ def _live(deployment_id: str, status: int = 200):
         moving=deployment.state in MOVING,
         waited_seconds=(utcnow() - deployment.created_at).total_seconds(),
         stop_form=EmptyForm(),
+        playground_form=PlaygroundForm(),
+        playground_max_tokens=PLAYGROUND_MAX_TOKENS,
         active="deployments",
     ), status
 
@@ -114,3 +118,30 @@ def deployment_stop(deployment_id: str):
     if is_htmx_fragment_request():
         return _live(deployment_id)
     return redirect(url_for("console.deployment_page", deployment_id=deployment_id), 303)
+
+
+@bp.post("/deployments/<deployment_id>/playground")
+@login_required
+def deployment_playground(deployment_id: str):
+    """S6: one message, answered as Server-Sent Events of OpenAI's chat chunks; a refusal is JSON
+    in OpenAI's error shape, which the page shows with its next step."""
+    form = PlaygroundForm()
+    if not form.validate_on_submit():
+        why = next(iter(form.errors.values()), ["The form expired; reload the page and try again."])[0]
+        field = next(iter(form.errors))
+        return openai.openai_error(400, "INVALID_PARAMETER", str(why), "Fix the message and send it again.", field)
+    try:
+        deployment = deployments.get(deployment_id)
+        body = {
+            "model": deployment.name,
+            "messages": [{"role": "user", "content": form.message.data}],
+            "max_tokens": PLAYGROUND_MAX_TOKENS,
+            "stream": True,
+        }
+        if form.temperature.data is not None:
+            body["temperature"] = form.temperature.data
+        return openai.answer(completions.parse(completions.CHAT, body))
+    except DomainError as refusal:
+        db.session.rollback()
+        status = STATUS_BY_CODE.get(refusal.code, 400)
+        return openai.openai_error(status, refusal.code, refusal.message, refusal.next_step)

@@ -11,6 +11,7 @@ from flask_wtf.file import FileField, FileRequired
 from wtforms import (
     BooleanField,
     DecimalField,
+    FloatField,
     IntegerField,
     PasswordField,
     RadioField,
@@ -509,3 +510,20 @@ class DeploymentForm(RuntimeJobForm):
             model_file=self.model_file.data,
             context_length=self.context_length.data,
         )
+
+
+PLAYGROUND_MESSAGE_CHARS = 8000
+PLAYGROUND_MAX_TOKENS = 256  # an answer in the page: enough to see the model, bounded
+
+
+class PlaygroundForm(FlaskForm):
+    """S6: one message to a deployment, answered as a stream in the page (static/console.js)."""
+
+    message = TextAreaField(
+        "Message", validators=[InputRequired("Write a message."), Length(max=PLAYGROUND_MESSAGE_CHARS)]
+    )
+    temperature = FloatField(
+        "Temperature",
+        default=0.8,
+        validators=[Optional(), NumberRange(min=0, max=2, message="Use a number from 0 (greedy) to 2.")],
+    )

@@ -19,7 +19,7 @@ CHAT, COMPLETION = "chat", "completion"
 SAMPLING = ("max_tokens", "temperature", "top_p", "seed", "stop", "logit_bias")
 # Worker error codes that are the request's fault (a 400 with the worker's words), and those that
 # keep their own code (app/web_errors.py gives each its status); any other is GENERATION_FAILED.
-CLIENT_FAULTS = frozenset({"WORKER_REQUEST_INVALID", "PROMPT_TOO_LONG", "REQUEST_TOO_LARGE"})
+CLIENT_FAULTS = frozenset({"WORKER_REQUEST_INVALID", "PROMPT_TOO_LONG", "WORKER_REQUEST_TOO_LARGE"})
 KNOWN_FAILURES = frozenset({"WORKER_BUSY", "WORKER_DEPLOYMENT_NOT_READY", "WORKER_DEPLOYMENT_UNKNOWN"})
 
 

@@ -19,33 +19,8 @@ import requests
 
 from tests.support import ADMIN, wait_until
 from tests.support.acquire import api, start_agent
-from tests.support.serving import runtime_node, wait_capabilities
+from tests.support.serving import NAME, SERVE, deploy_ready, mint_key, runtime_node, wait_capabilities
 from tests.support.worker import call
-
-SERVE = "runtime.serve.v1"
-LOAD_TIMEOUT = 60.0
-NAME = "tiny-chat"
-
-
-def mint_key(server) -> str:
-    minted = api(server, "POST", "/api/v1/admin/api-keys", json={"name": "e2e"})
-    assert minted.status_code == 201, minted.text
-    return minted.json()["key"]
-
-
-def deploy_ready(server, artifact_id: str, name: str = NAME) -> dict:
-    """A deployment with the longest context, so a generation without `max_tokens` runs for seconds."""
-    body = {"name": name, "artifact_id": artifact_id, "model_file": "tiny.gguf", "context_length": 8192}
-    created = api(server, "POST", "/api/v1/admin/deployments", json=body)
-    assert created.status_code == 201, created.text
-    deployment_id = created.json()["id"]
-
-    def ready():
-        found = api(server, "GET", f"/api/v1/admin/deployments/{deployment_id}").json()
-        assert found["state"] != "failed", found
-        return found if found["state"] == "ready" else None
-
-    return wait_until(ready, f"deployment {name} ready", LOAD_TIMEOUT)
 
 
 @pytest.fixture

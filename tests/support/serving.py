@@ -8,13 +8,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.support import BENCHMARK, GENERATE
+from tests.support import BENCHMARK, GENERATE, wait_until
 from tests.support.acquire import acquire, add_root, api, start_agent, wait_job, wait_node_online
 from tests.support.worker import WorkerProcess
 
 if TYPE_CHECKING:
     from tests.support.gunicorn import GunicornServer
     from tests.support.hub import StandinHub
+
+
+SERVE = "runtime.serve.v1"
+LOAD_TIMEOUT = 60.0
+NAME = "tiny-chat"
 
 
 def start_worker(socket_path: Path, artifact_dir: Path, log_dir: Path) -> WorkerProcess:
@@ -65,3 +70,24 @@ def runtime_node(tmp_path: Path, socket_dir: Path, server: GunicornServer, hub: 
     assert acquired["state"] == "succeeded", acquired
     wait_capabilities(server, node_id, {BENCHMARK, GENERATE})
     return agent, worker, node_id, acquired["result"]["artifact_id"]
+
+
+def mint_key(server) -> str:
+    minted = api(server, "POST", "/api/v1/admin/api-keys", json={"name": "e2e"})
+    assert minted.status_code == 201, minted.text
+    return minted.json()["key"]
+
+
+def deploy_ready(server, artifact_id: str, name: str = NAME) -> dict:
+    """A deployment with the longest context, so a generation without `max_tokens` runs for seconds."""
+    body = {"name": name, "artifact_id": artifact_id, "model_file": "tiny.gguf", "context_length": 8192}
+    created = api(server, "POST", "/api/v1/admin/deployments", json=body)
+    assert created.status_code == 201, created.text
+    deployment_id = created.json()["id"]
+
+    def ready():
+        found = api(server, "GET", f"/api/v1/admin/deployments/{deployment_id}").json()
+        assert found["state"] != "failed", found
+        return found if found["state"] == "ready" else None
+
+    return wait_until(ready, f"deployment {name} ready", LOAD_TIMEOUT)

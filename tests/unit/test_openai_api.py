@@ -139,3 +139,20 @@ def test_the_relay_refuses_a_caller_without_a_node_credential_before_any_upgrade
     assert response.status_code == 401 and response.get_json()["error"]["code"] == "CREDENTIAL_REQUIRED"
     response = client.get("/api/v1/agent/relay", headers={**upgrade, "Authorization": "Bearer mfn_unknown"})
     assert response.status_code == 401 and response.get_json()["error"]["code"] == "CREDENTIAL_INVALID"
+
+
+def test_the_playground_answers_refusals_in_openai_shape_for_the_page_to_show(app, client, node):
+    from tests.support.console import signed_in
+
+    deployment = deploy(client, node, state="loading")
+    signed_in(client, f"/deployments/{deployment['id']}")
+    url, token = f"/deployments/{deployment['id']}/playground", client.csrf
+    empty = client.post(url, data={"csrf_token": token, "message": ""})
+    assert refused(empty, 400, "INVALID_PARAMETER")["param"] == "message"
+    too_hot = client.post(url, data={"csrf_token": token, "message": "hi", "temperature": "9"})
+    assert refused(too_hot, 400, "INVALID_PARAMETER")["param"] == "temperature"
+    loading = client.post(url, data={"csrf_token": token, "message": "hi"})
+    assert "loading" in refused(loading, 503, "DEPLOYMENT_NOT_READY")["message"]
+    agent(client, node, f"deployments/{deployment['id']}/status", state="ready")
+    unreachable = client.post(url, data={"csrf_token": token, "message": "hi"})
+    refused(unreachable, 503, "NODE_UNAVAILABLE")  # the node has no relay connection in this test
