@@ -18,6 +18,7 @@ from app.api.errors import ApiError
 from app.db import db
 from app.errors import DomainError
 from app.extensions import csrf
+from app.metrics import inference
 from app.models.deployment import DeploymentState
 from app.serving import api_keys, completions, deployments, relay, relay_notify
 from app.web_errors import INTERNAL_ERROR, STATUS_BY_CODE
@@ -113,21 +114,27 @@ def answer(completion: completions.Completion) -> Response:
     db.session.commit()  # nothing held (on SQLite, no lock) while the model generates
     db.session.remove()
     relay_notify.start(db.engine, relay.HUB)  # on PostgreSQL, the node may be held elsewhere
-    stream = relay.HUB.open(node_id, deployment_id, completion.request)
+    tracked = inference.Tracked(completion.model)  # S7
+    try:
+        stream = relay.HUB.open(node_id, deployment_id, completion.request)
+    except DomainError as refusal:
+        tracked.end(refusal.code)
+        raise
+    stream.tracked = tracked
     events = stream.iterate(NODE_SILENCE_SECONDS)
     try:
         # A refusal (a bad parameter, a full queue) comes at once and is answered with its status; a
         # stream queued behind others starts its answer after FIRST_EVENT_SECONDS and waits in it.
         first = stream.next_event(FIRST_EVENT_SECONDS) if completion.stream else next(events)
         if first is not None and first.get("event") != "token":
-            _raise_failure(first)
+            _raise_failure(stream, first)
     except BaseException:
         stream.close()
         raise
     replies = completions.Answer(completion)
     if not completion.stream:
         try:
-            return _whole(replies, first, events)
+            return _whole(replies, stream, first, events)
         finally:
             stream.close()
     response = Response(_sse(replies, completion, first, events, stream), mimetype="text/event-stream")
@@ -136,14 +143,20 @@ def answer(completion: completions.Completion) -> Response:
     return response
 
 
-def _raise_failure(event: dict) -> None:
+def _raise_failure(stream: relay.Stream, event: dict) -> None:
     """A stream's end other than `finished`: the relay dropped, or the generation failed."""
     if event.get("event") == relay.RELAY_LOST:
-        raise relay.node_unavailable(str(event.get("message")))
-    raise completions.failure(event)
+        refusal = relay.node_unavailable(str(event.get("message")))
+    else:
+        refusal = completions.failure(event)
+    if stream.tracked is not None:
+        stream.tracked.end(refusal.code)
+    raise refusal
 
 
-def _whole(answer: completions.Answer, first: dict | None, events: Iterator[dict | None]) -> Response:
+def _whole(
+    answer: completions.Answer, stream: relay.Stream, first: dict | None, events: Iterator[dict | None]
+) -> Response:
     pieces: list[str] = []
     event = first
     while True:
@@ -156,7 +169,7 @@ def _whole(answer: completions.Answer, first: dict | None, events: Iterator[dict
                 response.headers["Cache-Control"] = "no-store"
                 return response
             else:
-                _raise_failure(event)
+                _raise_failure(stream, event)
         event = next(events)
 
 
@@ -185,7 +198,7 @@ def _sse(answer, completion, first, events, stream) -> Iterator[bytes]:
                 return
             else:
                 try:
-                    _raise_failure(event)
+                    _raise_failure(stream, event)
                 except DomainError as error:
                     status = STATUS_BY_CODE.get(error.code, 400)
                     kind = "server_error" if status >= 500 else "invalid_request_error"

@@ -210,10 +210,9 @@ def _deployments() -> list[Family]:
     state = Family(
         "modelforge_deployment_state", "gauge", "1 for each deployment that is not stopped, labelled with its state."
     )
-    for each_state, count in db.session.execute(
-        sa.select(Deployment.state, sa.func.count()).group_by(Deployment.state)
-    ):
-        counts.add(labels(state=each_state), count)
+    found = dict(db.session.execute(sa.select(Deployment.state, sa.func.count()).group_by(Deployment.state)).all())
+    for each_state in DeploymentState:  # every state, 0 too: a count that drops to none shows as 0
+        counts.add(labels(state=str(each_state)), found.get(str(each_state), 0))
     live = sa.select(Deployment.name, Deployment.node_id, Deployment.state).where(
         Deployment.state != DeploymentState.STOPPED
     )

@@ -15,7 +15,7 @@ from app.api.errors import error_response
 from app.config import current_settings
 from app.db import begin_read_only
 from app.extensions import db
-from app.metrics import PATH, collect, http
+from app.metrics import PATH, collect, http, inference
 from app.timeutil import utcnow
 
 bp = Blueprint("metrics", __name__)
@@ -56,13 +56,13 @@ def _refusal() -> Response | None:
 
 
 def http_registry() -> CollectorRegistry:
-    """The HTTP series of every worker (multi-process mode), or of this process alone."""
+    """The HTTP and inference series of every worker (multi-process mode), or of this process alone."""
     registry = CollectorRegistry(auto_describe=False)
     if os.environ.get(MULTIPROCESS_DIR_ENV):
         multiprocess.MultiProcessCollector(registry)  # sums every worker's files, the dead ones' included
     else:  # flask run, the tests: one process, its own counters
-        registry.register(http.REQUESTS)
-        registry.register(http.LATENCY)
+        for series in (http.REQUESTS, http.LATENCY, *inference.SERIES):
+            registry.register(series)
     return registry
 
 

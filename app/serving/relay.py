@@ -68,6 +68,7 @@ class Stream:
     connection: Connection | None
     events: queue.Queue = field(default_factory=queue.Queue)
     done: bool = False
+    tracked: object | None = None  # app.metrics.inference.Tracked, where a client's request is answered
 
     def next_event(self, timeout: float) -> dict | None:
         """The next event, or None when `timeout` passed without one (time for a keep-alive)."""
@@ -77,6 +78,8 @@ class Stream:
             return None
         if event.get("event") in FINAL_EVENTS or event.get("event") == RELAY_LOST:
             self.done = True
+        if self.tracked is not None:
+            self.tracked.see(event)
         return event
 
     def iterate(self, deadline_seconds: float) -> Iterator[dict | None]:
@@ -98,6 +101,8 @@ class Stream:
     def close(self) -> None:
         """The client is done with it: a stream still running is cancelled on the node."""
         HUB.forget(self)
+        if self.tracked is not None:
+            self.tracked.end("cancelled")  # counted already if it ended otherwise
         if not self.done:
             self.done = True
             log.info("relay: the client left request %s before its end; cancelling it on the node", self.id)

@@ -84,6 +84,24 @@ def test_the_official_client_chats_and_completes_streaming_or_not_with_usage_cou
     )
     assert "".join(chunk.choices[0].text for chunk in streamed) == completion.choices[0].text
 
+    # S7: five requests answered, their tokens counted, none in flight.
+    series = metric_values(jobs_server)
+    assert series[f'modelforge_inference_requests_total{{deployment="{NAME}",status="ok"}}'] == 5
+    assert series[f'modelforge_inference_generated_tokens_total{{deployment="{NAME}"}}'] == 12 * 3 + 8 * 2
+    assert series[f'modelforge_inference_time_to_first_token_seconds_count{{deployment="{NAME}"}}'] == 5
+    assert series[f'modelforge_inference_tokens_per_second_count{{deployment="{NAME}"}}'] == 5
+    assert series[f'modelforge_inference_in_flight{{deployment="{NAME}"}}'] == 0
+
+
+def metric_values(server) -> dict[str, float]:
+    """GET /metrics as {series with labels: value}."""
+    text = requests.get(server.url + "/metrics", headers=ADMIN, timeout=10).text
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
 
 def test_refusals_come_in_openai_shape_and_the_client_raises_the_matching_error(serving, jobs_server):
     client = serving["client"]
@@ -183,6 +201,8 @@ def test_a_client_that_hangs_up_stops_the_generation_on_the_node_within_a_second
     assert after["measured"]["generated_tokens"] < 8000  # it did not run to its limit
     assert "hung up; cancelling it" in serving["worker"].log()
     assert "cancelling it on the node" in jobs_server.log()
+    series = metric_values(jobs_server)
+    assert series[f'modelforge_inference_requests_total{{deployment="{NAME}",status="cancelled"}}'] == 1
     # The next request is served at once: nothing is left generating.
     started = time.monotonic()
     client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
@@ -353,6 +373,9 @@ def test_streams_are_bounded_per_model_and_never_lock_the_console_or_the_agent_a
         with pytest.raises(openai.RateLimitError) as limited:
             client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
         assert limited.value.body["code"] == "TOO_MANY_STREAMS" and limited.value.body["next_step"]
+        series = metric_values(jobs_server)
+        assert series[f'modelforge_inference_requests_total{{deployment="{NAME}",status="TOO_MANY_STREAMS"}}'] == 1
+        assert series[f'modelforge_inference_in_flight{{deployment="{NAME}"}}'] == 8
         for _ in range(10):
             assert requests.get(jobs_server.url + "/healthz", timeout=5).status_code == 200
             assert requests.get(jobs_server.url + "/login", timeout=5).status_code == 200
