@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from app.api.errors import ApiError
@@ -134,13 +134,29 @@ def answer(completion: completions.Completion) -> Response:
     replies = completions.Answer(completion)
     if not completion.stream:
         try:
-            return _whole(replies, stream, first, events)
+            whole = _whole(replies, stream, first, events)
         finally:
             stream.close()
-    response = Response(_sse(replies, completion, first, events, stream), mimetype="text/event-stream")
+        _note_served(deployment_id, tracked)
+        return whole
+    app = current_app._get_current_object()
+
+    def served() -> None:  # after the stream's end, outside the request: in an app context of its own
+        with app.app_context():
+            _note_served(deployment_id, tracked)
+
+    response = Response(_sse(replies, completion, first, events, stream, served), mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-store"
     response.headers["X-Accel-Buffering"] = "no"  # S5: the bundled nginx passes it on unbuffered
     return response
+
+
+def _note_served(deployment_id: str, tracked: inference.Tracked) -> None:
+    """S2: the deployment's own count and figures (its page and GET /api/v1/admin/deployments)."""
+    deployments.note_served(
+        deployment_id,
+        deployments.Served(tracked.generated_tokens, tracked.time_to_first_token_seconds, tracked.tokens_per_second),
+    )
 
 
 def _raise_failure(stream: relay.Stream, event: dict) -> None:
@@ -177,7 +193,7 @@ def _data(payload: object) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _sse(answer, completion, first, events, stream) -> Iterator[bytes]:
+def _sse(answer, completion, first, events, stream, served) -> Iterator[bytes]:
     """The stream as it is generated. A client that hangs up makes the next write fail; gunicorn
     then closes this generator and `stream.close()` cancels the generation on the node (S5)."""
     try:
@@ -195,6 +211,7 @@ def _sse(answer, completion, first, events, stream) -> Iterator[bytes]:
                 if completion.include_usage:
                     yield _data(answer.usage(event))
                 yield b"data: [DONE]\n\n"
+                served()
                 return
             else:
                 try:

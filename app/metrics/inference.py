@@ -60,6 +60,10 @@ class Tracked:
         self.started = time.perf_counter()
         self.first_token = False
         self.ended = False
+        # What the finished request measured, for the deployment's own figures (S2).
+        self.time_to_first_token_seconds: float | None = None
+        self.tokens_per_second: float | None = None
+        self.generated_tokens = 0
         IN_FLIGHT.labels(deployment).inc()
 
     def see(self, event: dict | None) -> None:
@@ -69,14 +73,17 @@ class Tracked:
         kind = event.get("event")
         if kind == "token" and not self.first_token:
             self.first_token = True
-            TIME_TO_FIRST_TOKEN.labels(self.deployment).observe(time.perf_counter() - self.started)
+            self.time_to_first_token_seconds = round(time.perf_counter() - self.started, 6)
+            TIME_TO_FIRST_TOKEN.labels(self.deployment).observe(self.time_to_first_token_seconds)
         elif kind == "finished":
             usage = event.get("usage") if isinstance(event.get("usage"), dict) else {}
             timings = event.get("timings") if isinstance(event.get("timings"), dict) else {}
             generated, speed = usage.get("completion_tokens"), timings.get("tokens_per_second")
             if isinstance(generated, int) and not isinstance(generated, bool) and 0 <= generated <= 1_000_000:
+                self.generated_tokens = generated
                 GENERATED_TOKENS.labels(self.deployment).inc(generated)
             if isinstance(speed, int | float) and not isinstance(speed, bool) and 0 < speed < 1e7:
+                self.tokens_per_second = float(speed)
                 TOKENS_PER_SECOND.labels(self.deployment).observe(speed)
             self.end(OK)
 

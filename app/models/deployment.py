@@ -57,6 +57,10 @@ class Deployment(db.Model):
     error_next_step: Mapped[str | None] = mapped_column(sa.String(500))
     # As the node reported them: load_seconds, memory_bytes, context_length.
     measured: Mapped[dict[str, object] | None] = mapped_column(sa.JSON)
+    # What the control plane saw of its requests (serving.deployments.note_served): requests and
+    # generated_tokens since it was created, time_to_first_token_seconds and tokens_per_second of
+    # the last one answered.
+    served: Mapped[dict[str, object] | None] = mapped_column(sa.JSON)
     # {"node_id", "why"}: which node and why it was chosen (S3 will add the estimate).
     placement: Mapped[dict[str, object]] = mapped_column(sa.JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -88,5 +92,5 @@ class Deployment(db.Model):
             "created_at": isoformat(self.created_at),
             "ready_at": isoformat(self.ready_at),
             "last_request_at": isoformat(self.last_request_at),
-            "measured": self.measured,
+            "measured": {**(self.measured or {}), **(self.served or {})} or None,
         }

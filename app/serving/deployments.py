@@ -8,10 +8,11 @@ confirms `stopped`. Every change of state is audited once (`deployment.*`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from app import audit
 from app.errors import DomainError
@@ -19,6 +20,8 @@ from app.extensions import db
 from app.jobs import artifacts, runtime
 from app.models import Artifact, Deployment, DeploymentState, NodeLease
 from app.timeutil import utcnow
+
+log = logging.getLogger(__name__)
 
 TIERS = ("lab", "production")
 DEFAULT_TIER = "lab"
@@ -204,6 +207,37 @@ def serving(name: str) -> Deployment:
             deployment.error_next_step or "Retry when its deployment is ready (the console's Deployments page).",
         )
     return deployment
+
+
+@dataclass(frozen=True)
+class Served:
+    """One answered request, as app/api/openai.py saw it (S2)."""
+
+    generated_tokens: int
+    time_to_first_token_seconds: float | None
+    tokens_per_second: float | None
+
+
+def note_served(deployment_id: str, served: Served) -> None:
+    """Count an answered request and keep its figures; the row is locked so that requests ending
+    together each count. Never raises: a client's answer is not failed by its bookkeeping."""
+    try:
+        deployment = db.session.get(Deployment, deployment_id, with_for_update=True)
+        if deployment is None:
+            db.session.rollback()
+            return
+        before = deployment.served or {}
+        deployment.served = {
+            "requests": int(before.get("requests", 0)) + 1,
+            "generated_tokens": int(before.get("generated_tokens", 0)) + served.generated_tokens,
+            "time_to_first_token_seconds": served.time_to_first_token_seconds,
+            "tokens_per_second": served.tokens_per_second,
+        }
+        deployment.last_request_at = utcnow()
+        db.session.commit()
+    except SQLAlchemyError:
+        db.session.rollback()
+        log.warning("deployment %s: its request could not be counted (database busy)", deployment_id)
 
 
 def list_all(node_id: str | None = None) -> list[Deployment]:

@@ -91,6 +91,11 @@ def test_the_official_client_chats_and_completes_streaming_or_not_with_usage_cou
     assert series[f'modelforge_inference_time_to_first_token_seconds_count{{deployment="{NAME}"}}'] == 5
     assert series[f'modelforge_inference_tokens_per_second_count{{deployment="{NAME}"}}'] == 5
     assert series[f'modelforge_inference_in_flight{{deployment="{NAME}"}}'] == 0
+    # S2: the deployment's own figures, for its page and the admin API.
+    shown = api(jobs_server, "GET", f"/api/v1/admin/deployments/{serving['deployment']['id']}").json()
+    assert shown["measured"]["requests"] == 5 and shown["measured"]["generated_tokens"] == 52
+    assert shown["measured"]["time_to_first_token_seconds"] > 0 and shown["measured"]["tokens_per_second"] > 0
+    assert shown["measured"]["load_seconds"] > 0 and shown["last_request_at"]  # the node's figures stay
 
 
 def metric_values(server) -> dict[str, float]:

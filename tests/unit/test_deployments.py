@@ -346,3 +346,23 @@ def test_the_admin_routes_need_the_operator_key(client):
     one = f"{DEPLOYMENTS}/{uuid.uuid4()}"
     for response in (client.get(DEPLOYMENTS), client.post(DEPLOYMENTS, json={}), client.get(one), client.delete(one)):
         assert response.status_code == 401
+
+
+def test_answered_requests_are_counted_on_the_deployment_beside_what_the_node_measured(app, client, node, artifact):
+    from app.serving import deployments
+
+    created = deployed(client, artifact)
+    assert reported(client, node, created["id"], "ready", measured=MEASURED) == "ready"
+    with app.app_context():
+        deployments.note_served(created["id"], deployments.Served(12, 0.25, 40.0))
+        deployments.note_served(created["id"], deployments.Served(8, 0.5, None))
+        deployments.note_served(str(uuid.uuid4()), deployments.Served(1, 0.1, 1.0))  # gone: nothing happens
+    after = shown(client, created["id"])
+    assert after["measured"] == {
+        **MEASURED,
+        "requests": 2,
+        "generated_tokens": 20,
+        "time_to_first_token_seconds": 0.5,
+        "tokens_per_second": None,
+    }
+    assert after["last_request_at"] is not None

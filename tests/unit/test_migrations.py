@@ -44,6 +44,7 @@ RELEASED = {
     "0013_node_credential_refused.py": "e5ffce8acce917c6cbda04aed7bd8150870f828c98b07ca78dd5e594e80d2154",
     "0014_api_keys.py": "beda9db3d210c067746b1fb9ef282ac9f849183270e7b99dfeac765fafd6cabd",
     "0015_deployments.py": "6037870c4e5a1824de0b15504d2f0e0578cf90a8b4fc8474e46c4e1d63ca792e",
+    "0016_deployment_served.py": "411868dc3bce2421ad122976c85dd7d3e74f9be67b40a8c23bb5273c81cd6259",
 }
 # 0001_initial as its first commit (9c5d073) wrote it, which databases of that time were made by.
 FIRST_EDITION = DATA_DIR / "migrations" / "0001_initial_schema_at_9c5d073.py.txt"  # verbatim, so not linted
