@@ -46,6 +46,25 @@ def serving(tmp_path, socket_dir, jobs_server, hub, model_repo):
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello\nin two lines."}]
 
 
+def hang_up_and_see_the_node_stop(client, worker, deployment_id: str, where: str) -> None:
+    """A greedy stream (it never draws the end-of-text token, so it would run to ~8,000 tokens)
+    left after four chunks: the worker has nothing in flight within a second (S5)."""
+    stream = client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, stream=True)
+    chunks = iter(stream)
+    for _ in range(4):
+        next(chunks)
+    stream.close()
+    hung_up = time.monotonic()
+
+    def idle():
+        answer = call(worker.socket_path, "GET", f"/v1/deployments/{deployment_id}")[1]
+        return answer if answer["in_flight"] == 0 else None
+
+    after = wait_until(idle, f"the generation to end ({where})", 5)
+    assert time.monotonic() - hung_up < 1.5  # within a second, plus this poll's own step
+    assert after["measured"]["generated_tokens"] < 8000  # it did not run to its limit
+
+
 def test_the_official_client_chats_and_completes_streaming_or_not_with_usage_counted(serving, jobs_server):
     client = serving["client"]
     assert NAME in [model.id for model in client.models.list()]
@@ -188,22 +207,7 @@ def test_the_node_side_listens_on_no_port_while_it_serves(serving):
 
 def test_a_client_that_hangs_up_stops_the_generation_on_the_node_within_a_second(serving, jobs_server):
     client = serving["client"]
-    deployment_id = serving["deployment"]["id"]
-    # Greedy, so the end-of-text token (a zero logit) is never drawn: it runs to ~8,000 tokens.
-    stream = client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, stream=True)
-    chunks = iter(stream)
-    for _ in range(4):
-        next(chunks)
-    stream.close()
-    hung_up = time.monotonic()
-
-    def idle():
-        answer = call(serving["worker"].socket_path, "GET", f"/v1/deployments/{deployment_id}")[1]
-        return answer if answer["in_flight"] == 0 else None
-
-    after = wait_until(idle, lambda: f"the generation to end:\n{jobs_server.log()[-2000:]}", 5)
-    assert time.monotonic() - hung_up < 1.5  # S5: within a second, plus this poll's own step
-    assert after["measured"]["generated_tokens"] < 8000  # it did not run to its limit
+    hang_up_and_see_the_node_stop(client, serving["worker"], serving["deployment"]["id"], "direct")
     assert "hung up; cancelling it" in serving["worker"].log()
     assert "cancelling it on the node" in jobs_server.log()
     series = metric_values(jobs_server)
@@ -285,20 +289,7 @@ def test_on_postgresql_a_request_at_one_replica_is_served_by_the_node_connected_
             ))  # fmt: skip
             assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) in texts
 
-            stream = client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, stream=True)
-            chunks = iter(stream)
-            for _ in range(4):
-                next(chunks)
-            stream.close()
-            hung_up = time.monotonic()
-
-            def idle():
-                answer = call(worker.socket_path, "GET", f"/v1/deployments/{deployment['id']}")[1]
-                return answer if answer["in_flight"] == 0 else None
-
-            after = wait_until(idle, "the generation cancelled across replicas", 5)
-            assert time.monotonic() - hung_up < 1.5
-            assert after["measured"]["generated_tokens"] < 8000
+            hang_up_and_see_the_node_stop(client, worker, deployment["id"], "across replicas")
         assert "relay: node" not in second.log()  # the node never connected to the second replica
     finally:
         for server in servers:
@@ -336,20 +327,7 @@ def test_behind_the_bundled_nginx_the_relay_connects_and_tokens_stream_unbuffere
             assert "".join(pieces) == whole.choices[0].message.content and sum(map(bool, pieces)) >= 2
 
             # Unbuffered both ways: a client that leaves is seen through nginx at once.
-            stream = client.chat.completions.create(model=NAME, messages=MESSAGES, temperature=0, stream=True)
-            chunks = iter(stream)
-            for _ in range(4):
-                next(chunks)
-            stream.close()
-            hung_up = time.monotonic()
-
-            def idle():
-                answer = call(worker.socket_path, "GET", f"/v1/deployments/{deployment['id']}")[1]
-                return answer if answer["in_flight"] == 0 else None
-
-            after = wait_until(idle, "the generation cancelled through nginx", 5)
-            assert time.monotonic() - hung_up < 1.5
-            assert after["measured"]["generated_tokens"] < 8000
+            hang_up_and_see_the_node_stop(client, worker, deployment["id"], "through nginx")
     finally:
         proxy.stop()
 
