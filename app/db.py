@@ -34,6 +34,9 @@ PING_TIMEOUT_SECONDS = 2  # the pool's pre-ping, a SELECT 1 a live server answer
 STATEMENT_TIMEOUT_SECONDS = 20  # the server's statement_timeout (a migration that needs more sets its own)
 STATEMENT_CUT_SECONDS = STATEMENT_TIMEOUT_SECONDS + 5  # the client's, for a server that cannot say so
 POOL_TIMEOUT_SECONDS = 5  # waiting for a free pooled connection
+# Per process: gthread's 64 threads must not open 64 connections each worker (PostgreSQL allows
+# 100 by default, for every worker and replica together).
+POOL_SIZE, POOL_OVERFLOW = 4, 4
 POSTGRESQL_CONNECT_ARGS = {
     "connect_timeout": CONNECT_TIMEOUT_SECONDS,
     "options": f"-c statement_timeout={STATEMENT_TIMEOUT_SECONDS * 1000}",
@@ -166,10 +169,12 @@ def engine_options(database_url: str) -> dict[str, object]:
     # What the operator put in MODELFORGE_DATABASE_URL's query (?connect_timeout=…) wins.
     given = sa.make_url(database_url).query
     connect_args = {name: value for name, value in POSTGRESQL_CONNECT_ARGS.items() if name not in given}
+    # A process's threads share at most POOL_SIZE + POOL_OVERFLOW connections; the rest wait for
+    # one (POOL_TIMEOUT_SECONDS). Streams and relay connections hold none while they last.
     return {
         "pool_pre_ping": True,
-        "pool_size": 5,
-        "max_overflow": 10,
+        "pool_size": POOL_SIZE,
+        "max_overflow": POOL_OVERFLOW,
         "pool_timeout": POOL_TIMEOUT_SECONDS,
         "connect_args": connect_args,
     }

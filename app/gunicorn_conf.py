@@ -23,6 +23,10 @@ threads = int(os.environ.get("MODELFORGE_WEB_THREADS", "64"))
 # workers (and replicas) reach the process that holds a node's connection with LISTEN/NOTIFY.
 ON_SQLITE = os.environ.get("MODELFORGE_DATABASE_URL", "sqlite:").startswith("sqlite:")
 workers = 1 if ON_SQLITE else int(os.environ.get("WEB_CONCURRENCY", "4"))
+# No keep-alive, as with the sync workers before: a browser that reuses an idle connection just as
+# gunicorn closes it gets a reset (htmx:sendError). A stream or a relay connection is one request,
+# so nothing long-lived needs it; behind nginx, the client's keep-alive is nginx's.
+keepalive = 0
 # Load the app once in the master so a configuration error stops start-up with one line.
 preload_app = True
 timeout = 30

@@ -2,7 +2,7 @@
 deployment's page, which follows it live while its node loads the model and can stop it.
 
 The playground sends one chat message and streams the answer into the page token by token, the
-same way `/v1/chat/completions` streams it to clients (app/api/openai.py), with the operator's
+same way `/v1/chat/completions` streams it to clients (app/serving/answers.py), with the operator's
 session instead of a client key (static/console.js reads it; no inline script, CSP kept).
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 from flask import flash, redirect, url_for
 
-from app.api import openai
 from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.auth import login_required
 from app.console.forms import PLAYGROUND_MAX_TOKENS, DeploymentForm, EmptyForm, PlaygroundForm
@@ -19,7 +18,7 @@ from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Artifact, DeploymentState, Node
-from app.serving import completions, deployments
+from app.serving import answers, completions, deployments
 from app.timeutil import utcnow
 from app.web_errors import STATUS_BY_CODE
 
@@ -129,7 +128,7 @@ def deployment_playground(deployment_id: str):
     if not form.validate_on_submit():
         why = next(iter(form.errors.values()), ["The form expired; reload the page and try again."])[0]
         field = next(iter(form.errors))
-        return openai.openai_error(400, "INVALID_PARAMETER", str(why), "Fix the message and send it again.", field)
+        return answers.openai_error(400, "INVALID_PARAMETER", str(why), "Fix the message and send it again.", field)
     try:
         deployment = deployments.get(deployment_id)
         body = {
@@ -140,8 +139,8 @@ def deployment_playground(deployment_id: str):
         }
         if form.temperature.data is not None:
             body["temperature"] = form.temperature.data
-        return openai.answer(completions.parse(completions.CHAT, body))
+        return answers.answer(completions.parse(completions.CHAT, body))
     except DomainError as refusal:
         db.session.rollback()
         status = STATUS_BY_CODE.get(refusal.code, 400)
-        return openai.openai_error(status, refusal.code, refusal.message, refusal.next_step)
+        return answers.openai_error(status, refusal.code, refusal.message, refusal.next_step)

@@ -1,4 +1,4 @@
-"""S7: inference series, counted where each request is answered (app/api/openai.py), in process
+"""S7: inference series, counted where each request is answered (app/serving/answers.py), in process
 and across gunicorn workers as app/metrics/http.py counts HTTP (multi-process files).
 
 `deployment` is the deployment's name, which an operator chose (bounded by the deployments that

@@ -211,7 +211,7 @@ def serving(name: str) -> Deployment:
 
 @dataclass(frozen=True)
 class Served:
-    """One answered request, as app/api/openai.py saw it (S2)."""
+    """One answered request, as app/serving/answers.py saw it (S2)."""
 
     generated_tokens: int
     time_to_first_token_seconds: float | None

@@ -34,6 +34,7 @@ PART_CHARS = 6000  # of ASCII JSON: a NOTIFY payload must stay under 8,000 bytes
 ACCEPT_SECONDS = 3.0
 EVENTS_PER_NOTIFY = 64
 PARTS_KEPT_SECONDS = 30.0  # pieces of a request whose rest never came are dropped after this
+LISTEN_POLL_SECONDS = 1.0  # how often the listener looks up from its wait (to stop)
 
 
 class RemoteStream(relay.Stream):
@@ -65,7 +66,12 @@ class Remote:
         self.send_lock = threading.Lock()
         self.sender = None
         self.listening = threading.Event()
+        self.stopping = threading.Event()
         threading.Thread(target=self.listen, name="relay-notify", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop listening (within LISTEN_POLL_SECONDS); what it carried is failed."""
+        self.stopping.set()
 
     # ------------------------------------------------------------------ sending
 
@@ -129,25 +135,28 @@ class Remote:
         """LISTEN forever; a lost connection fails the streams it carried and is opened again."""
         import psycopg
 
-        while True:
+        while not self.stopping.is_set():
             try:
                 with psycopg.connect(self.conninfo, autocommit=True) as connection:
                     connection.execute(f"LISTEN {SHARED_CHANNEL}")
                     connection.execute(f"LISTEN {self.channel}")
                     self.listening.set()
-                    for notice in connection.notifies():
-                        try:
-                            self.receive(json.loads(notice.payload))
-                        except Exception:  # one bad message never stops the listener
-                            log.exception("relay: a NOTIFY message could not be handled")
+                    while not self.stopping.is_set():
+                        for notice in connection.notifies(timeout=LISTEN_POLL_SECONDS):
+                            try:
+                                self.receive(json.loads(notice.payload))
+                            except Exception:  # one bad message never stops the listener
+                                log.exception("relay: a NOTIFY message could not be handled")
             except psycopg.Error as error:
+                if not self.stopping.is_set():
+                    log.warning("relay: LISTEN connection lost (%s); opening it again", type(error).__name__)
+                    self.stopping.wait(1)
+            finally:
                 self.listening.clear()
-                log.warning("relay: LISTEN connection lost (%s); opening it again", type(error).__name__)
                 with self.lock:
                     lost = list(self.waiting.values())
                 for stream in lost:
                     stream.events.put({"event": relay.RELAY_LOST, "message": "the control plane lost its database"})
-                time.sleep(1)
 
     def receive(self, message: dict) -> None:
         op, key = message.get("op"), message.get("id")
@@ -232,12 +241,17 @@ class Remote:
 
 
 def start(engine, hub: relay.Hub) -> None:
-    """Start this process's side once, on PostgreSQL only (SQLite runs one process: relay.py)."""
-    if hub.remote is not None or engine.dialect.name != "postgresql":
+    """Start this process's side once, on PostgreSQL only (SQLite runs one process: relay.py). A
+    process serves one database; should it be handed another (the tests' apps), it listens there."""
+    if engine.dialect.name != "postgresql":
+        return
+    conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    if hub.remote is not None and hub.remote.conninfo == conninfo:
         return
     with _starting:
-        if hub.remote is None:
-            conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        if hub.remote is None or hub.remote.conninfo != conninfo:
+            if hub.remote is not None:
+                hub.remote.stop()
             hub.remote = Remote(conninfo, hub)
 
 

@@ -1,8 +1,9 @@
 """Slow clients cannot starve the control plane of the default deployment (D1, issue 15 finding 4).
 
-gunicorn runs four sync workers, and a sync worker belongs to one client until that client has
-sent its whole request. Bare, four sockets that trickle their headers or body hold all four and
-/healthz waits with them (the first test shows it, so the measurement can fail). The compose
+gunicorn runs a fixed number of threads (64 per worker, MODELFORGE_WEB_THREADS), and a thread
+belongs to one client until that client has sent its whole request. Bare, as many sockets as
+threads that trickle their headers or body hold them all and /healthz waits with them (the first
+test shows it with 4 threads, so the measurement can fail). The compose
 deployment puts nginx in front (deploy/nginx/nginx.conf): it reads every request whole before
 gunicorn sees it, so 200 such sockets against the published port must not delay /healthz by more
 than a second, and a socket still sending its headers after client_header_timeout is closed.
@@ -127,14 +128,16 @@ def healthz_latencies(host: str, port: int, seconds: float, timeout: float = 3.0
 
 
 def test_without_a_proxy_four_slow_sockets_starve_bare_gunicorn(sqlite_template, tmp_path):
-    """The failure the proxy is for, on gunicorn as `make run` starts it (4 sync workers)."""
+    """The failure the proxy is for, on gunicorn as `make run` starts it, with 4 threads instead
+    of 64: a slow socket holds a thread while gunicorn reads its request, so as many slow sockets
+    as threads (64 by default, MODELFORGE_WEB_THREADS) starve it the same way."""
     database = tmp_path / "bare.sqlite3"
     shutil.copyfile(sqlite_template, database)
-    server = GunicornServer(f"sqlite:///{database}", tmp_path, workers=4)
+    server = GunicornServer(f"sqlite:///{database}", tmp_path, workers=4, MODELFORGE_WEB_THREADS="4")
     server.start()
     try:
         with SlowClients("127.0.0.1", server.port, trickle_headers=2, trickle_body=2, silent=0):
-            time.sleep(0.5)  # each worker has accepted one of them
+            time.sleep(0.5)  # each thread has taken one of them
             latencies = healthz_latencies("127.0.0.1", server.port, seconds=4, timeout=2)
         print(f"bare gunicorn, 4 slow sockets: /healthz max {max(latencies):.3f}s over {len(latencies)} probes")
         assert min(latencies) >= BUDGET_SECONDS, latencies  # no probe got through in time

@@ -395,8 +395,12 @@ def test_the_proxy_reads_whole_requests_within_timeouts_and_the_apps_body_limits
     assert directives["client_header_timeout"] == ["10s"] and directives["client_body_timeout"] == ["10s"]
     assert directives["send_timeout"] == ["30s"] and directives["keepalive_timeout"] == ["15s"]
     assert directives["reset_timedout_connection"] == ["on"]
-    assert directives["proxy_request_buffering"] == ["on"] and directives["proxy_buffering"] == ["on"]
-    assert "proxy_request_buffering off" not in text and "proxy_buffering off" not in text
+    assert directives["proxy_request_buffering"] == ["on"] and "proxy_request_buffering off" not in text
+    # Replies are buffered too, except the two kinds that stream (S5): the agent's relay WebSocket
+    # and /v1's token streams. Requests to them are still read whole before gunicorn sees them.
+    assert directives["proxy_buffering"] == ["on", "off", "off"]
+    for streaming in (r"location = /api/v1/agent/relay \{", r"location /v1/ \{"):
+        assert re.search(streaming + r"[^}]*proxy_buffering off;", text), streaming
     # Everything written goes to the tmpfs: the root is read-only.
     for name in ("pid", "client_body_temp_path", "proxy_temp_path", "fastcgi_temp_path", "uwsgi_temp_path",
                  "scgi_temp_path"):  # fmt: skip

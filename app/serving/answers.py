@@ -1,0 +1,165 @@
+"""S4, S5: OpenAI's answers over the relay, for `/v1` (app/api/openai.py) and the console's
+playground (app/console/deployments.py): the error body, and a checked request relayed to its
+model's node and answered whole or as Server-Sent Events, with a comment line at least every
+relay.KEEPALIVE_SECONDS while nothing else flows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from flask import Response, current_app
+
+from app.db import db
+from app.errors import DomainError
+from app.metrics import inference
+from app.serving import completions, deployments, relay, relay_notify
+from app.web_errors import INTERNAL_ERROR, STATUS_BY_CODE
+
+# How long a stream may hear nothing at all from its node (queued behind others, a long prompt)
+# before it is given up as lost; keep-alive comments flow meanwhile.
+NODE_SILENCE_SECONDS = 300.0
+FIRST_EVENT_SECONDS = 2.0
+ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+
+
+def openai_error(status: int, code: str, message: str, next_step: str, param: str | None = None) -> Response:
+    """OpenAI's error body, `{"error": {"message", "type", "code", "param"}}`, plus `next_step`."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    body = {"error": {"message": message, "type": kind, "code": code, "param": param, "next_step": next_step}}
+    response = Response(json.dumps(body), status=status, mimetype="application/json")
+    response.headers["Cache-Control"] = "no-store"
+    if status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    if status in (429, 503):
+        response.headers["Retry-After"] = "2"
+    return response
+
+
+def answer(completion: completions.Completion) -> Response:
+    """Relay a checked request to its model's node and answer it, whole or as a stream (S4, S5);
+    the console's playground answers through here too."""
+    deployment = deployments.serving(completion.model)
+    node_id, deployment_id = deployment.node_id, deployment.id
+    db.session.commit()  # nothing held (on SQLite, no lock) while the model generates
+    db.session.remove()
+    relay_notify.start(db.engine, relay.HUB)  # on PostgreSQL, the node may be held elsewhere
+    tracked = inference.Tracked(completion.model)  # S7
+    try:
+        stream = relay.HUB.open(node_id, deployment_id, completion.request)
+    except DomainError as refusal:
+        tracked.end(refusal.code)
+        raise
+    stream.tracked = tracked
+    events = stream.iterate(NODE_SILENCE_SECONDS)
+    try:
+        # A refusal (a bad parameter, a full queue) comes at once and is answered with its status; a
+        # stream queued behind others starts its answer after FIRST_EVENT_SECONDS and waits in it.
+        first = stream.next_event(FIRST_EVENT_SECONDS) if completion.stream else next(events)
+        if first is not None and first.get("event") != "token":
+            _raise_failure(stream, first)
+    except BaseException:
+        stream.close()
+        raise
+    replies = completions.Answer(completion)
+    if not completion.stream:
+        try:
+            whole = _whole(replies, stream, first, events)
+        finally:
+            stream.close()
+        _note_served(deployment_id, tracked)
+        return whole
+    app = current_app._get_current_object()
+
+    def served() -> None:  # after the stream's end, outside the request: in an app context of its own
+        with app.app_context():
+            _note_served(deployment_id, tracked)
+
+    response = Response(_sse(replies, completion, first, events, stream, served), mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Accel-Buffering"] = "no"  # S5: the bundled nginx passes it on unbuffered
+    return response
+
+
+def _note_served(deployment_id: str, tracked: inference.Tracked) -> None:
+    """S2: the deployment's own count and figures (its page and GET /api/v1/admin/deployments)."""
+    deployments.note_served(
+        deployment_id,
+        deployments.Served(tracked.generated_tokens, tracked.time_to_first_token_seconds, tracked.tokens_per_second),
+    )
+
+
+def _raise_failure(stream: relay.Stream, event: dict) -> None:
+    """A stream's end other than `finished`: the relay dropped, or the generation failed."""
+    if event.get("event") == relay.RELAY_LOST:
+        refusal = relay.node_unavailable(str(event.get("message")))
+    else:
+        refusal = completions.failure(event)
+    if stream.tracked is not None:
+        stream.tracked.end(refusal.code)
+    raise refusal
+
+
+def _whole(
+    answer: completions.Answer, stream: relay.Stream, first: dict | None, events: Iterator[dict | None]
+) -> Response:
+    pieces: list[str] = []
+    event = first
+    while True:
+        if event is not None:
+            if event.get("event") == "token":
+                pieces.append(str(event.get("text", "")))
+            elif event.get("event") == "finished":
+                reply = answer.whole("".join(pieces), event)
+                response = Response(json.dumps(reply), mimetype="application/json")
+                response.headers["Cache-Control"] = "no-store"
+                return response
+            else:
+                _raise_failure(stream, event)
+        event = next(events)
+
+
+def _data(payload: object) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _sse(answer, completion, first, events, stream, served) -> Iterator[bytes]:
+    """The stream as it is generated. A client that hangs up makes the next write fail; gunicorn
+    then closes this generator and `stream.close()` cancels the generation on the node (S5)."""
+    try:
+        opening = answer.opening()
+        if opening is not None:
+            yield _data(opening)
+        event = first
+        while True:
+            if event is None:
+                yield b": keep-alive\n\n"
+            elif event.get("event") == "token":
+                yield _data(answer.piece(str(event.get("text", ""))))
+            elif event.get("event") == "finished":
+                yield _data(answer.closing(event))
+                if completion.include_usage:
+                    yield _data(answer.usage(event))
+                yield b"data: [DONE]\n\n"
+                served()
+                return
+            else:
+                try:
+                    _raise_failure(stream, event)
+                except DomainError as error:
+                    status = STATUS_BY_CODE.get(error.code, 400)
+                    kind = "server_error" if status >= 500 else "invalid_request_error"
+                    body = {"message": error.message, "type": kind, "code": error.code, "param": None}
+                    yield _data({"error": {**body, "next_step": error.next_step}})
+                return
+            event = next(events)
+    except GeneratorExit:
+        raise
+    except Exception:  # never a half-written stream with no word: say so in the stream's own shape
+        message, next_step = INTERNAL_ERROR
+        yield _data(
+            {"error": {"message": message, "type": "server_error", "code": "INTERNAL_ERROR", "next_step": next_step}}
+        )
+    finally:
+        stream.close()
