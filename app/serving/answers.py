@@ -17,9 +17,6 @@ from app.metrics import inference
 from app.serving import completions, deployments, relay, relay_notify
 from app.web_errors import INTERNAL_ERROR, STATUS_BY_CODE
 
-# How long a stream may hear nothing at all from its node (queued behind others, a long prompt)
-# before it is given up as lost; keep-alive comments flow meanwhile.
-NODE_SILENCE_SECONDS = 300.0
 FIRST_EVENT_SECONDS = 2.0
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 
@@ -52,7 +49,7 @@ def answer(completion: completions.Completion) -> Response:
         tracked.end(refusal.code)
         raise
     stream.tracked = tracked
-    events = stream.iterate(NODE_SILENCE_SECONDS)
+    events = stream.iterate(relay.NODE_SILENCE_SECONDS)
     try:
         # A refusal (a bad parameter, a full queue) comes at once and is answered with its status; a
         # stream queued behind others starts its answer after FIRST_EVENT_SECONDS and waits in it.

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 FRAME_MAX_BYTES = 1 << 20  # one frame, either way: a request body or one event
 PING_SECONDS = 15.0  # each end pings an idle connection; a silent peer is dropped after two
 KEEPALIVE_SECONDS = 15.0  # S5: a client hears at least a comment this often while nothing flows
+# How long a stream may hear nothing at all from its node (queued behind others, a long prompt)
+# before it is given up as lost; keep-alive comments flow meanwhile.
+NODE_SILENCE_SECONDS = 300.0
 STREAMS_PER_DEPLOYMENT = 8  # below the worker's queue (1 generating + 8 waiting): 429 here first
 STREAMS_PER_PROCESS = 16  # each holds one of the process's 64 threads (app/gunicorn_conf.py)
 FINAL_EVENTS = frozenset({"finished", "request_failed"})

@@ -216,10 +216,10 @@ class Remote:
         threading.Thread(target=self.forward, args=(key, stream, reply_to), name="relay-forward", daemon=True).start()
 
     def forward(self, key: str, stream: relay.Stream, reply_to: str) -> None:
-        """Send the local stream's events to the process whose client asked, batched."""
+        """Send the local stream's events to the process whose client asked, batched. A node silent
+        for relay.NODE_SILENCE_SECONDS ends it here too, so an asker that vanished leaks nothing."""
         try:
-            while not stream.done:
-                event = stream.next_event(relay.KEEPALIVE_SECONDS)
+            for event in stream.iterate(relay.NODE_SILENCE_SECONDS):
                 if event is None:
                     continue
                 batch = [event]
