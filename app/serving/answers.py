@@ -21,10 +21,16 @@ FIRST_EVENT_SECONDS = 2.0
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 
 
-def openai_error(status: int, code: str, message: str, next_step: str, param: str | None = None) -> Response:
-    """OpenAI's error body, `{"error": {"message", "type", "code", "param"}}`, plus `next_step`."""
+def error_body(status: int, code: str, message: str, next_step: str, param: str | None = None) -> dict:
+    """OpenAI's error body, `{"error": {"message", "type", "code", "param"}}`, plus `next_step`:
+    an error reply's whole body, or one `data:` line of a stream that fails midway."""
     kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    body = {"error": {"message": message, "type": kind, "code": code, "param": param, "next_step": next_step}}
+    return {"error": {"message": message, "type": kind, "code": code, "param": param, "next_step": next_step}}
+
+
+def openai_error(status: int, code: str, message: str, next_step: str, param: str | None = None) -> Response:
+    """An error reply in OpenAI's shape, with Retry-After where retrying later is the answer."""
+    body = error_body(status, code, message, next_step, param)
     response = Response(json.dumps(body), status=status, mimetype="application/json")
     response.headers["Cache-Control"] = "no-store"
     if status == 401:
@@ -146,17 +152,13 @@ def _sse(answer, completion, first, events, stream, served) -> Iterator[bytes]:
                     _raise_failure(stream, event)
                 except DomainError as error:
                     status = STATUS_BY_CODE.get(error.code, 400)
-                    kind = "server_error" if status >= 500 else "invalid_request_error"
-                    body = {"message": error.message, "type": kind, "code": error.code, "param": None}
-                    yield _data({"error": {**body, "next_step": error.next_step}})
+                    yield _data(error_body(status, error.code, error.message, error.next_step))
                 return
             event = next(events)
     except GeneratorExit:
         raise
     except Exception:  # never a half-written stream with no word: say so in the stream's own shape
         message, next_step = INTERNAL_ERROR
-        yield _data(
-            {"error": {"message": message, "type": "server_error", "code": "INTERNAL_ERROR", "next_step": next_step}}
-        )
+        yield _data(error_body(500, "INTERNAL_ERROR", message, next_step))
     finally:
         stream.close()

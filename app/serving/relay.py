@@ -17,7 +17,6 @@ period, the wait for a first event.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import queue
@@ -121,7 +120,6 @@ class Connection:
     def __init__(self, node_id: str, socket) -> None:
         self.node_id = node_id
         self.socket = socket
-        self.id = next(_connection_ids)
         self._send_lock = threading.Lock()
         self.closed = False
 
@@ -137,9 +135,6 @@ class Connection:
                 self.closed = True
                 return False
         return True
-
-
-_connection_ids = itertools.count(1)
 
 
 class Hub:
@@ -224,10 +219,6 @@ class Hub:
     def forget(self, stream: Stream) -> None:
         with self._lock:
             self._streams.pop(stream.id, None)
-
-    def in_flight(self, deployment_id: str | None = None) -> int:
-        with self._lock:
-            return sum(deployment_id in (None, each.deployment_id) for each in self._streams.values())
 
     def deliver(self, connection: Connection, raw: str | bytes) -> None:
         """One frame from the agent. A malformed frame, or one for a stream that is not this
