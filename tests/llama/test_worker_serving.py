@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -176,6 +177,60 @@ def test_chat_uses_the_models_own_template_when_it_has_one(worker):
         worker.call("DELETE", f"/v1/deployments/{status['id']}")
 
 
+def test_four_generations_run_together_in_slots_and_each_gets_the_text_it_gets_alone(worker):
+    """W1: SERVE_SLOTS generations are decoded together (bench/slots.py): every one has its first
+    token before any has its last, and batching changes no greedy answer."""
+    status = deploy(worker)
+    prompts = [f"Hello number {index}" for index in range(4)]
+    alone = [generate(worker, status["id"], prompt=prompt, max_tokens=48, temperature=0)[0] for prompt in prompts]
+    assert len(set(alone)) == 4
+    streams = [
+        Stream(worker, status["id"], {"kind": "completion", "prompt": prompt, "max_tokens": 48, "temperature": 0})
+        for prompt in prompts
+    ]
+    seen: list[dict] = [{} for _ in streams]
+
+    def read(index: int) -> None:
+        pieces = []
+        for event in streams[index].events():
+            if event["event"] == "token":
+                seen[index].setdefault("first", time.monotonic())
+                pieces.append(event["text"])
+        seen[index].update(last=time.monotonic(), text="".join(pieces))
+
+    readers = [threading.Thread(target=read, args=(index,)) for index in range(4)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(timeout=30)
+    for stream in streams:
+        stream.close()
+    assert [each["text"] for each in seen] == alone
+    assert max(each["first"] for each in seen) < min(each["last"] for each in seen)  # a queue would not
+    worker.call("DELETE", f"/v1/deployments/{status['id']}")
+
+
+def test_a_generation_that_may_fill_the_context_runs_alone_and_the_next_waits_its_turn(worker):
+    """W1: the slots share one KV cache; a request without max_tokens may fill the context, so the
+    next is let in only when the first ends (here: its client hangs up), never to fail mid-answer."""
+    status = deploy(worker, context_length=8192)
+    whole = Stream(worker, status["id"], {"kind": "completion", "prompt": "Hello", "temperature": 0})
+    events = whole.events()
+    assert next(events)["event"] == "token"
+    answered: list[dict] = []
+    waiter = threading.Thread(
+        target=lambda: answered.append(generate(worker, status["id"], max_tokens=4, temperature=0)[1])
+    )
+    waiter.start()
+    for _ in range(200):  # the first streams on meanwhile
+        assert next(events)["event"] == "token"
+    assert not answered, "the second request was let in beside one that may fill the context"
+    whole.close()
+    waiter.join(timeout=5)
+    assert answered and answered[0]["event"] == "finished" and answered[0]["usage"]["completion_tokens"] == 4
+    worker.call("DELETE", f"/v1/deployments/{status['id']}")
+
+
 def test_a_client_that_hangs_up_stops_its_generation_within_a_second(worker):
     status = deploy(worker, context_length=8192)
     stream = Stream(worker, status["id"], {"kind": "completion", "prompt": "Hello", "temperature": 0})
@@ -252,7 +307,7 @@ def test_the_same_deployment_again_answers_its_status_and_other_settings_conflic
     code, listed = worker.call("GET", "/v1/deployments")
     assert status["id"] in {each["id"] for each in listed["deployments"]}
     code, info = worker.call("GET", "/v1/info")
-    assert info["serving"] == {"max_deployments": 4, "queue_per_deployment": 8}
+    assert info["serving"] == {"max_deployments": 4, "slots_per_deployment": 4, "queue_per_deployment": 8}
     worker.call("DELETE", f"/v1/deployments/{status['id']}")
 
 
