@@ -84,6 +84,7 @@ class Stream:
 
 
 def in_process(llm, tokens: int) -> Stream:
+    llm.reset()  # no prompt reuse from the last round: the worker evaluates every prompt afresh
     stream = Stream(time.perf_counter())
     for chunk in llm.create_completion(PROMPT, max_tokens=tokens, temperature=0.0, stream=True):
         stream.piece(chunk["choices"][0]["text"])
