@@ -7,9 +7,13 @@ relay.KEEPALIVE_SECONDS while nothing else flows.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import select
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator
 
-from flask import Response, current_app
+from flask import Response, current_app, request
 
 from app.db import db
 from app.errors import DomainError
@@ -18,6 +22,7 @@ from app.serving import completions, deployments, relay, relay_notify
 from app.web_errors import INTERNAL_ERROR, STATUS_BY_CODE
 
 FIRST_EVENT_SECONDS = 2.0
+CLIENT_CHECK_SECONDS = 0.25  # a whole answer's wait checks this often whether its client hung up
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 
 
@@ -68,7 +73,7 @@ def answer(completion: completions.Completion) -> Response:
     replies = completions.Answer(completion)
     if not completion.stream:
         try:
-            whole = _whole(replies, stream, first, events)
+            whole = _whole(replies, stream, first, events, _hang_up_check(request.environ))
         finally:
             stream.close()
         _note_served(deployment_id, tracked)
@@ -104,12 +109,44 @@ def _raise_failure(stream: relay.Stream, event: dict) -> None:
     raise refusal
 
 
+def _hang_up_check(environ: dict) -> Callable[[], bool]:
+    """Whether the client of a whole answer hung up: its connection reads as closed (checked at
+    most every CLIENT_CHECK_SECONDS). Only a plain TCP connection can tell, as nginx's to gunicorn
+    is; gunicorn's own TLS, or no socket at all (Flask's test client), never says so."""
+    connection = environ.get("gunicorn.socket")
+    if not isinstance(connection, socket.socket) or isinstance(connection, ssl.SSLSocket):
+        return lambda: False
+    checked = time.monotonic()
+
+    def gone() -> bool:
+        nonlocal checked
+        if time.monotonic() - checked < CLIENT_CHECK_SECONDS:
+            return False
+        checked = time.monotonic()
+        try:
+            readable, _, _ = select.select([connection], [], [], 0)
+            return bool(readable) and connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    return gone
+
+
 def _whole(
-    answer: completions.Answer, stream: relay.Stream, first: dict | None, events: Iterator[dict | None]
+    answer: completions.Answer,
+    stream: relay.Stream,
+    first: dict | None,
+    events: Iterator[dict | None],
+    hung_up: Callable[[], bool],
 ) -> Response:
+    """The answer as one JSON body once the node has finished. A client that hangs up meanwhile
+    cancels the generation on the node, as a stream's does (S5)."""
     pieces: list[str] = []
     event = first
     while True:
+        if hung_up():
+            stream.close()  # cancels it on the node; the reply below reaches nobody
+            return Response(status=499)
         if event is not None:
             if event.get("event") == "token":
                 pieces.append(str(event.get("text", "")))

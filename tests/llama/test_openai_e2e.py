@@ -65,6 +65,25 @@ def hang_up_and_see_the_node_stop(client, worker, deployment_id: str, where: str
     assert after["measured"]["generated_tokens"] < 8000  # it did not run to its limit
 
 
+def give_up_on_a_whole_answer_and_see_the_node_stop(base_url: str, key: str, worker, deployment_id: str, where: str):
+    """A greedy answer asked whole (~8,000 tokens: seconds of work), its client gone after 0.5 s:
+    the worker has nothing in flight within a second."""
+    body = {"model": NAME, "messages": MESSAGES, "temperature": 0}
+    with pytest.raises(requests.Timeout):
+        requests.post(
+            base_url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=(5, 0.5)
+        )
+    hung_up = time.monotonic()
+
+    def idle():
+        answer = call(worker.socket_path, "GET", f"/v1/deployments/{deployment_id}")[1]
+        return answer if answer["in_flight"] == 0 else None
+
+    after = wait_until(idle, f"the whole answer's generation to end ({where})", 5)
+    assert time.monotonic() - hung_up < 1.5  # within a second, plus this poll's own step
+    assert after["measured"]["generated_tokens"] < 8000
+
+
 def test_the_official_client_chats_and_completes_streaming_or_not_with_usage_counted(serving, jobs_server):
     client = serving["client"]
     assert NAME in [model.id for model in client.models.list()]
@@ -218,6 +237,15 @@ def test_a_client_that_hangs_up_stops_the_generation_on_the_node_within_a_second
     assert time.monotonic() - started < 5
 
 
+def test_a_client_that_gives_up_on_a_whole_answer_stops_the_generation_too(serving, jobs_server):
+    """S5: not streamed, the control plane waits for the whole answer; a client that hangs up
+    meanwhile is noticed there and the node stops, as for a stream."""
+    give_up_on_a_whole_answer_and_see_the_node_stop(
+        jobs_server.url, serving["key"], serving["worker"], serving["deployment"]["id"], "direct"
+    )
+    assert "cancelling it on the node" in jobs_server.log()
+
+
 def test_an_agent_that_drops_fails_its_requests_with_503_and_serves_again_once_it_is_back(
     serving, jobs_server, tmp_path, hub
 ):
@@ -247,6 +275,21 @@ def test_an_agent_that_drops_fails_its_requests_with_503_and_serves_again_once_i
     answer = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
     assert answer.usage.completion_tokens == 4
     assert time.monotonic() - came_back < 30
+
+
+def test_a_restarted_control_plane_has_the_agent_back_on_its_relay_within_a_heartbeat_interval(serving, jobs_server):
+    """S5: the agent dials again at most a heartbeat interval (here 1 s) apart while the control
+    plane is away, so the first request after a restart is served."""
+    client, agent = serving["client"], serving["agent"]
+    connected = agent.log().count("relay: connected")
+    jobs_server.stop()
+    time.sleep(2)  # a few failed dials while it is down
+    jobs_server.start()
+    healthy = time.monotonic()
+    wait_until(lambda: agent.log().count("relay: connected") > connected, "the relay connection again", 10)
+    assert time.monotonic() - healthy < 1 + 2  # one interval, plus a dial on a loaded box
+    answer = client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
+    assert answer.usage.completion_tokens == 4
 
 
 def test_on_postgresql_a_request_at_one_replica_is_served_by_the_node_connected_to_the_other(
@@ -328,6 +371,9 @@ def test_behind_the_bundled_nginx_the_relay_connects_and_tokens_stream_unbuffere
 
             # Unbuffered both ways: a client that leaves is seen through nginx at once.
             hang_up_and_see_the_node_stop(client, worker, deployment["id"], "through nginx")
+            give_up_on_a_whole_answer_and_see_the_node_stop(
+                proxy.url, client.api_key, worker, deployment["id"], "nginx"
+            )
     finally:
         proxy.stop()
 
