@@ -54,32 +54,29 @@ def hang_up_and_see_the_node_stop(client, worker, deployment_id: str, where: str
     for _ in range(4):
         next(chunks)
     stream.close()
-    hung_up = time.monotonic()
-
-    def idle():
-        answer = call(worker.socket_path, "GET", f"/v1/deployments/{deployment_id}")[1]
-        return answer if answer["in_flight"] == 0 else None
-
-    after = wait_until(idle, f"the generation to end ({where})", 5)
-    assert time.monotonic() - hung_up < 1.5  # within a second, plus this poll's own step
-    assert after["measured"]["generated_tokens"] < 8000  # it did not run to its limit
+    see_the_node_stop(worker, deployment_id, f"a stream, {where}")
 
 
 def give_up_on_a_whole_answer_and_see_the_node_stop(base_url: str, key: str, worker, deployment_id: str, where: str):
-    """A greedy answer asked whole (~8,000 tokens: seconds of work), its client gone after 0.5 s:
-    the worker has nothing in flight within a second."""
+    """The same greedy answer asked whole, its client gone after 0.5 s."""
     body = {"model": NAME, "messages": MESSAGES, "temperature": 0}
     with pytest.raises(requests.Timeout):
         requests.post(
             base_url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=(5, 0.5)
         )
+    see_the_node_stop(worker, deployment_id, f"a whole answer, {where}")
+
+
+def see_the_node_stop(worker, deployment_id: str, what: str) -> None:
+    """The client just hung up: within a second the worker has nothing in flight, and the
+    generation did not run to its limit."""
     hung_up = time.monotonic()
 
     def idle():
         answer = call(worker.socket_path, "GET", f"/v1/deployments/{deployment_id}")[1]
         return answer if answer["in_flight"] == 0 else None
 
-    after = wait_until(idle, f"the whole answer's generation to end ({where})", 5)
+    after = wait_until(idle, f"the generation to end ({what})", 5)
     assert time.monotonic() - hung_up < 1.5  # within a second, plus this poll's own step
     assert after["measured"]["generated_tokens"] < 8000
 
