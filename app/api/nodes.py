@@ -1,4 +1,4 @@
-"""Admin API for nodes: read back, rotate/revoke credentials, disable/enable (I5, I6)."""
+"""Admin API for nodes: read back, rotate/revoke credentials, disable/enable (I5, I6), drain (S3)."""
 
 from __future__ import annotations
 
@@ -75,6 +75,32 @@ def disable_node(node_id: str):
 def enable_node(node_id: str):
     """Undo disable."""
     nodes.set_disabled(node_id, False)
+    return json_response(nodes.describe([node_id], current_settings())[0])
+
+
+@operations.post(
+    "/admin/nodes/<node_id>/drain",
+    "Drain the node: it finishes what runs and takes no new job or deployment (S3)",
+    replies={200: (replies.Node, "Draining")},
+    errors=(401, 404),
+)
+@admin_required
+def drain_node(node_id: str):
+    """Before maintenance: its running job finishes, queued jobs wait, deployments keep serving."""
+    nodes.set_draining(node_id, True)
+    return json_response(nodes.describe([node_id], current_settings())[0])
+
+
+@operations.post(
+    "/admin/nodes/<node_id>/undrain",
+    "Undrain the node (S3)",
+    replies={200: (replies.Node, "Taking work again")},
+    errors=(401, 404),
+)
+@admin_required
+def undrain_node(node_id: str):
+    """Undo drain: queued jobs are claimed again."""
+    nodes.set_draining(node_id, False)
     return json_response(nodes.describe([node_id], current_settings())[0])
 
 

@@ -302,6 +302,8 @@ class Node(Reply):
     hostname: str
     status: Literal["pending", "online", "stale", "offline"]
     disabled: bool
+    draining: bool = Field(description="S3: finishes what runs, takes no new job or deployment")
+    draining_since: datetime | None
     last_heartbeat_at: datetime | None
     heartbeat_age_seconds: float | None
     agent_version: str | None

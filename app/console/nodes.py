@@ -235,6 +235,27 @@ def _set_disabled(node_id: str, disabled: bool):
     return render_template("partials/_node_live.html", **_live_context(node_id))
 
 
+def _set_draining(node_id: str, draining: bool):
+    nodes.set_draining(node_id, draining)
+    if not is_htmx_fragment_request():
+        return redirect(url_for("console.node_page", node_id=node_id))
+    return render_template("partials/_node_live.html", **_live_context(node_id))
+
+
+@bp.post("/hardware/nodes/<node_id>/drain")
+@login_required
+def drain_node(node_id: str):
+    """S3: the running job finishes; no new job or deployment until undrained."""
+    return _set_draining(node_id, True)
+
+
+@bp.post("/hardware/nodes/<node_id>/undrain")
+@login_required
+def undrain_node(node_id: str):
+    """S3: undo drain."""
+    return _set_draining(node_id, False)
+
+
 @bp.post("/hardware/nodes/<node_id>/disable")
 @login_required
 def disable_node(node_id: str):

@@ -22,7 +22,7 @@ from app.jobs import artifacts, runtime, storage
 from app.models import Artifact, Job, JobState, NodeLease
 from app.models.jobs import TERMINAL_STATES
 from app.nodes import get as get_node
-from app.nodes import liveness
+from app.nodes import liveness, refuse_if_draining
 from app.timeutil import isoformat, utcnow
 
 ACQUIRE = "artifact.acquire.v1"
@@ -73,8 +73,9 @@ def _artifact_on(node_id: str, artifact_id: str) -> Artifact:
 
 
 def create(job_type: str, node_id: str, params: dict[str, object], max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Job:
-    """Queue a job for a node (J2); an acquire job names a root, a runtime job an artifact, of that very node."""
-    get_node(node_id)
+    """Queue a job for a node (J2); an acquire job names a root, a runtime job an artifact, of that very node.
+    A draining node takes none (S3)."""
+    refuse_if_draining(get_node(node_id))
     root_id = artifact_id = None
     if job_type == ACQUIRE:
         root = storage.get(str(params["storage_root_id"]))
@@ -254,7 +255,8 @@ def claim(node_id: str, capabilities: list[str], settings: Settings) -> dict[str
 
     One conditional UPDATE decides: it only moves a row that is still queued, and the partial
     unique index admits one running job per node, so two claims (two workers, a retried request)
-    can never both win. L4: nothing for a node that is not online, enabled and compatible.
+    can never both win. L4: nothing for a node that is not online, enabled, compatible and not
+    draining (S3); a running job is handed back all the same, so a draining node finishes it.
     """
     current = db.session.scalar(sa.select(Job).where(Job.node_id == node_id, Job.state == JobState.RUNNING))
     if current is not None:

@@ -26,6 +26,9 @@ class Node(db.Model):
     benchmark_eligible: Mapped[bool] = mapped_column(default=False)
     disabled: Mapped[bool] = mapped_column(default=False)
     disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # S3: finishes what runs, takes no new job or deployment, until undrained.
+    draining: Mapped[bool] = mapped_column(server_default=sa.false())
+    draining_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     enrolled_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     # The last time (at most one write a minute) an agent reporting this node's GPUs presented a

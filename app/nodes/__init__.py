@@ -167,6 +167,8 @@ def describe(node_ids: list[str] | None, settings: Settings) -> list[dict[str, o
                     "hostname": node.hostname,
                     "status": status,
                     "disabled": node.disabled,
+                    "draining": node.draining,
+                    "draining_since": isoformat(node.draining_at),
                     "last_heartbeat_at": isoformat(lease.last_heartbeat_at if lease else None),
                     "heartbeat_age_seconds": None if age is None else round(age, 3),
                     "agent_version": lease.agent_version if lease else None,
@@ -219,6 +221,7 @@ class NodeSummary:
     heartbeat_age_seconds: float | None
     last_heartbeat_at: datetime | None
     disabled: bool
+    draining: bool
     agent_version: str | None
     protocol_version: int | None
     compatibility: str | None
@@ -242,6 +245,7 @@ def summaries(settings: Settings) -> list[NodeSummary]:
             Node.display_name,
             Node.hostname,
             Node.disabled,
+            Node.draining,
             Node.production_eligible,
             Node.lab_eligible,
             Node.benchmark_eligible,
@@ -273,6 +277,7 @@ def summaries(settings: Settings) -> list[NodeSummary]:
                 heartbeat_age_seconds=age,
                 last_heartbeat_at=row.last_heartbeat_at,
                 disabled=row.disabled,
+                draining=row.draining,
                 agent_version=row.agent_version,
                 protocol_version=row.protocol_version,
                 compatibility=row.compatibility,
@@ -349,6 +354,28 @@ def revoke_credential(node_id: str, actor: str = audit.OPERATOR) -> Credential:
     audit.record(actor, "credential.revoked", node_id, credential_id=credential.id)
     db.session.commit()
     return credential
+
+
+def set_draining(node_id: str, draining: bool, actor: str = audit.OPERATOR) -> Node:
+    """S3: drain (the running job finishes; no new job or deployment) or undrain; audited on change."""
+    node = get(node_id)
+    if node.draining != draining:
+        node.draining = draining
+        node.draining_at = utcnow() if draining else None
+        audit.record(actor, "node.draining" if draining else "node.undrained", node_id)
+    db.session.commit()
+    return node
+
+
+def refuse_if_draining(node: Node) -> None:
+    """S3: a draining node takes no new job or deployment: 409 NODE_DRAINING, saying what to do."""
+    if node.draining:
+        raise DomainError(
+            "NODE_DRAINING",
+            f"Node {node.display_name} is draining: it finishes what runs and takes no new job or deployment.",
+            "Choose another node, or undrain this one (POST /api/v1/admin/nodes/{id}/undrain, or Undrain on its page).",
+            field="node_id",
+        )
 
 
 def set_disabled(node_id: str, disabled: bool, actor: str = audit.OPERATOR) -> Node:

@@ -124,9 +124,9 @@ def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
 
 
 def may_receive_work(node_id: str, settings: Settings, now: datetime | None = None) -> tuple[bool, str]:
-    """L4: the one gate for handing work to a node — online, enabled and compatible."""
+    """L4: the one gate for handing work to a node — online, enabled, not draining (S3) and compatible."""
     row = db.session.execute(
-        sa.select(Node.disabled, NodeLease.last_heartbeat_at, NodeLease.compatibility)
+        sa.select(Node.disabled, Node.draining, NodeLease.last_heartbeat_at, NodeLease.compatibility)
         .join(NodeLease, NodeLease.node_id == Node.id)
         .where(Node.id == node_id)
     ).one_or_none()
@@ -134,10 +134,12 @@ def may_receive_work(node_id: str, settings: Settings, now: datetime | None = No
         return False, "unknown node"
     if row.disabled:
         return False, "node is disabled"
+    if row.draining:
+        return False, "node is draining"
     now = now or utcnow()
     status, _ = status_of(row.last_heartbeat_at, now, settings, listening_since(settings, now))
     if status != ONLINE:
         return False, f"node is {status}"
     if row.compatibility != COMPATIBLE:
         return False, f"agent protocol is {row.compatibility or 'unknown'}"
-    return True, "online, enabled and compatible"
+    return True, "online, enabled, not draining and compatible"

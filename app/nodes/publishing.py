@@ -41,6 +41,7 @@ class Publisher:
     """The node behind a presented credential."""
 
     node_id: str
+    draining: bool = False  # S3: its heartbeats hear of no waiting job
 
 
 # The heartbeat hot path runs prebuilt Core statements on the session's connection: the ORM's
@@ -56,6 +57,7 @@ _AUTHENTICATE = (
         _credentials.c.first_used_at,
         _nodes.c.id,
         _nodes.c.disabled,
+        _nodes.c.draining,
     )
     .select_from(_credentials.join(_nodes, _nodes.c.id == _credentials.c.node_id))
     .where(_credentials.c.token_hash == sa.bindparam("digest"))
@@ -207,7 +209,7 @@ def authenticate(secret: str, *, first_use: bool = True) -> Publisher:
             "This node is disabled; its publications are refused.",
             "An operator can enable it in the console or with POST /api/v1/admin/nodes/{id}/enable.",
         )
-    return Publisher(node_id=row.id)
+    return Publisher(node_id=row.id, draining=row.draining)
 
 
 def _mark_first_use(row: sa.Row, secret: str) -> sa.Row:
@@ -409,10 +411,11 @@ def record_heartbeat(
     # transaction there would only cost a round trip, so it is asked in this one.
     sqlite = connection.dialect.name == "sqlite"
     waiting = 0
-    if lease.capabilities and not sqlite:
+    counted = lease.capabilities and not publisher.draining  # S3: a draining node claims nothing new
+    if counted and not sqlite:
         waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities)
     db.session.commit()
-    if lease.capabilities and sqlite:
+    if counted and sqlite:
         begin_read_only()
         waiting = queue.jobs_waiting(publisher.node_id, lease.capabilities)
     return BeatReply(

@@ -19,6 +19,8 @@ from app.errors import DomainError
 from app.extensions import db
 from app.jobs import artifacts, runtime
 from app.models import Artifact, Deployment, DeploymentState, NodeLease
+from app.nodes import get as get_node
+from app.nodes import refuse_if_draining
 from app.timeutil import utcnow
 
 log = logging.getLogger(__name__)
@@ -114,9 +116,10 @@ def _name_taken(name: str) -> DomainError:
 def place(artifact: Artifact, node_id: str | None) -> Placement:
     """S3's seam: the node that will serve `artifact`, or NO_NODE_FITS naming the node and why.
 
-    For now the one rule is that the node holds the artifact (its worker reads the file from its own
-    disk); eligibility by tier and the memory fit come with full placement.
+    For now the rules are that the node holds the artifact (its worker reads the file from its own
+    disk) and is not draining; eligibility by tier and the memory fit come with full placement.
     """
+    refuse_if_draining(get_node(node_id or artifact.node_id))
     if node_id is None:
         return Placement(node_id=artifact.node_id, why="holds the artifact")
     if node_id != artifact.node_id:

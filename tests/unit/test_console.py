@@ -420,9 +420,29 @@ def test_disable_and_enable_from_the_node_page(app, console):
     assert "node.disabled" in actions and "node.enabled" in actions
 
 
+def test_drain_and_undrain_from_the_node_page_behind_a_confirmation(app, console):
+    node = online_node(console)
+    path = f"/hardware/nodes/{node['node_id']}"
+    page = console.get(path).get_data(as_text=True)
+    assert "Drain node" in page and "takes no new job or deployment until you undrain it" in page  # hx-confirm
+    drained = htmx_post(console, path + "/drain")
+    assert drained.status_code == 200
+    shown = drained.get_data(as_text=True)
+    assert 'data-testid="node-draining"' in shown and "Undrain node" in shown
+    assert 'data-testid="row-draining"' in console.get("/hardware/nodes").get_data(as_text=True)
+    heartbeat = console.post(
+        "/api/v1/agent/heartbeat", json=factories.heartbeat_body(), headers=factories.bearer(node["credential"])
+    )
+    assert heartbeat.status_code == 200 and heartbeat.get_json()["jobs_waiting"] == 0  # draining is not disabled
+    undrained = htmx_post(console, path + "/undrain").get_data(as_text=True)
+    assert "Drain node" in undrained and 'data-testid="node-draining"' not in undrained
+    with app.app_context():
+        assert db.session.scalar(sa.select(Node.draining)) is False
+
+
 def test_actions_without_csrf_change_nothing(app, console):
     node = online_node(console)
-    for action in ("disable", "credential/rotate", "credential/revoke"):
+    for action in ("disable", "drain", "credential/rotate", "credential/revoke"):
         response = console.post(f"/hardware/nodes/{node['node_id']}/{action}", headers=HTMX)
         assert response.status_code == 400, action
         assert "security token" in response.get_data(as_text=True)
