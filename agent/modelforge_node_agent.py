@@ -6,9 +6,10 @@ registry and runner, publishing loop, command line. Standard library + requests 
 
 Each job family is a module beside this file that registers its handler when it is imported, and
 it is imported only when a job of its type is claimed (JOB_FAMILIES), so an idle agent stays
-small: modelforge_agent_acquire runs artifact.acquire.v1 with huggingface_hub (J3), and
-modelforge_agent_runtime relays runtime.benchmark.v1 and runtime.generate.v1 to the separate
-runtime worker (W1) over its Unix socket.
+small: modelforge_agent_acquire runs artifact.acquire.v1 with huggingface_hub (J3),
+modelforge_agent_artifacts runs artifact.delete.v1 (J5), and modelforge_agent_runtime relays
+runtime.benchmark.v1 and runtime.generate.v1 to the separate runtime worker (W1) over its Unix
+socket.
 
     python3 -m modelforge_node_agent [--preflight] [--once] [--version]
 """
@@ -75,6 +76,7 @@ PLACEHOLDER_HOSTS = ("modelforge.example", "example.com", "example.internal")
 # J2: the job types this agent can run (JOB_FAMILIES says which module runs each), and the job
 # error codes the core reports or is answered with; each family's module names its own.
 ACQUIRE_JOB_TYPE = "artifact.acquire.v1"
+DELETE_JOB_TYPE = "artifact.delete.v1"  # J5: modelforge_agent_artifacts removes a verified artifact
 RUNTIME_BENCHMARK_JOB_TYPE = "runtime.benchmark.v1"
 RUNTIME_GENERATE_JOB_TYPE = "runtime.generate.v1"
 # S2: advertised while a compatible worker that serves answers (its /v1/info has `serving`); not a
@@ -1595,6 +1597,7 @@ class JobFamily:
 # a family's module is imported when a job of its type is first claimed, and registers itself.
 JOB_FAMILIES: dict[str, JobFamily] = {
     ACQUIRE_JOB_TYPE: JobFamily("modelforge_agent_acquire", libraries=("huggingface_hub",)),
+    DELETE_JOB_TYPE: JobFamily("modelforge_agent_artifacts"),
     RUNTIME_BENCHMARK_JOB_TYPE: JobFamily("modelforge_agent_runtime", needs_worker=True),
     RUNTIME_GENERATE_JOB_TYPE: JobFamily("modelforge_agent_runtime", needs_worker=True),
 }

@@ -54,6 +54,8 @@ STATUS_BY_CODE = {
     "API_KEY_INVALID": 401,  # S1: unknown, revoked or expired client key
     "DEPLOYMENT_NOT_FOUND": 404,
     "NODE_DRAINING": 409,  # S3: it finishes what runs and takes no new job or deployment
+    "ARTIFACT_IN_USE": 409,  # J5: a deployment that is not stopped, or an unfinished runtime job, reads it
+    "ARTIFACT_DELETING": 409,  # J5: its files are being removed
     "DEPLOYMENT_NAME_TAKEN": 409,  # S2: a deployment that is not stopped holds the name
     "NO_NODE_FITS": 409,
     "model_not_found": 404,  # S4: OpenAI's own code, as its clients expect it

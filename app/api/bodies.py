@@ -13,7 +13,7 @@ refusing the heartbeat that carries the node's liveness (issue 22).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import annotated_types
 from pydantic import (
@@ -594,14 +594,36 @@ class GenerateJobCreate(_JobCreate):
     params: GenerateParams
 
 
-_JOB_CREATES = (AcquireJobCreate, BenchmarkJobCreate, GenerateJobCreate)
+class DeleteParams(Body):
+    """J5: which of the node's artifacts to remove from its disk."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    artifact_id: Uuid
+
+
+class DeleteJobCreate(_JobCreate):
+    """J5: remove one of the node's artifacts (DELETE /api/v1/admin/artifacts/{id} queues this too)."""
+
+    type: Literal["artifact.delete.v1"]
+    params: DeleteParams
+
+
+_JOB_CREATES = (AcquireJobCreate, BenchmarkJobCreate, GenerateJobCreate, DeleteJobCreate)
 assert tuple(model.model_fields["type"].annotation.__args__[0] for model in _JOB_CREATES) == queue.TYPES
 
 
-class JobCreate(
-    RootModel[Annotated[AcquireJobCreate | BenchmarkJobCreate | GenerateJobCreate, Field(discriminator="type")]]
+class JobCreate(  # the union is _JOB_CREATES, spelled out for the type checker (asserted below)
+    RootModel[
+        Annotated[
+            AcquireJobCreate | BenchmarkJobCreate | GenerateJobCreate | DeleteJobCreate, Field(discriminator="type")
+        ]
+    ]
 ):
     """J2: a typed job for one node; `type` decides which params go with it."""
+
+
+assert get_args(JobCreate.model_fields["root"].annotation) == _JOB_CREATES
 
 
 class ProductionEligibility(Body):
@@ -726,11 +748,20 @@ class GenerateResult(Body):
     outputs: Annotated[list[GenerateOutput], Field(min_length=1, max_length=runtime.MAX_PROMPTS)]
 
 
-# J2, W2: the result each job type completes with.
+class DeleteResult(Body):
+    """J5: what artifact.delete.v1 removed (nothing, when the directory was already gone)."""
+
+    artifact_id: Uuid
+    removed_files: Count
+    freed_bytes: Bytes
+
+
+# J2, W2, J5: the result each job type completes with.
 RESULTS: dict[str, type[Body]] = {
     queue.ACQUIRE: AcquireResult,
     queue.BENCHMARK: BenchmarkResult,
     queue.GENERATE: GenerateResult,
+    queue.DELETE: DeleteResult,
 }
 assert tuple(RESULTS) == queue.TYPES
 
@@ -747,9 +778,14 @@ class CompleteRequest(Versions):
     attempt: Attempt
     result: Annotated[
         dict[str, Any],
-        PlainValidator(_an_object, json_schema_input_type=AcquireResult | BenchmarkResult | GenerateResult),
+        PlainValidator(
+            _an_object, json_schema_input_type=AcquireResult | BenchmarkResult | GenerateResult | DeleteResult
+        ),
         Field(json_schema_extra={"description": "The result of the job's own type"}),
     ]
+
+
+assert set(get_args(CompleteRequest.model_fields["result"].metadata[0].json_schema_input_type)) == set(RESULTS.values())
 
 
 class JobError(Body):
@@ -862,7 +898,7 @@ def parse(model: type[BodyModel], data: dict[str, Any], prefix: str = "") -> Bod
         raise invalid(_field_name(location, prefix), _message(first)) from None
 
 
-def job_create(data: dict[str, Any]) -> AcquireJobCreate | BenchmarkJobCreate | GenerateJobCreate:
+def job_create(data: dict[str, Any]) -> AcquireJobCreate | BenchmarkJobCreate | GenerateJobCreate | DeleteJobCreate:
     """J2: a job to create, its params checked against its type's model."""
     return parse(JobCreate, data).root
 

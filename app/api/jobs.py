@@ -1,4 +1,4 @@
-"""Admin API for what nodes do: storage roots, jobs, artifacts (J1–J3)."""
+"""Admin API for what nodes do: storage roots, jobs, artifacts (J1–J3, J5)."""
 
 from __future__ import annotations
 
@@ -139,7 +139,25 @@ def retry_job(job_id: str):
 def list_artifacts(node_id: str):
     """J3: what the node holds, verified."""
     get_node(node_id)
-    return json_response({"artifacts": [artifact.to_dict() for artifact in artifacts.for_node(node_id)]})
+    found = artifacts.for_node(node_id)
+    deleting = artifacts.deleting([artifact.id for artifact in found])
+    return json_response(
+        {"artifacts": [{**artifact.to_dict(), "deleting_job_id": deleting.get(artifact.id)} for artifact in found]}
+    )
+
+
+@operations.delete(
+    "/admin/artifacts/<artifact_id>",
+    "Delete an artifact: the agent removes its directory, inside its root only (J5)",
+    replies={202: (replies.Job, "Its artifact.delete.v1 job (new, or the one already under way)")},
+    errors=(401, 404, 409),
+)
+@admin_required
+def delete_artifact(artifact_id: str):
+    """J5: 409 ARTIFACT_IN_USE while a deployment that is not stopped or an unfinished runtime job
+    uses it; otherwise the agent removes the files and the artifact leaves the node's list."""
+    job, _ = queue.request_delete(artifact_id)
+    return json_response(job.to_dict(), 202)
 
 
 @operations.get(

@@ -538,6 +538,7 @@ class Artifact(Reply):
     total_bytes: int
     verified_at: datetime
     job_id: str | None
+    deleting_job_id: str | None = Field(None, description="J5: its delete job while queued or running")
 
 
 class Artifacts(Reply):

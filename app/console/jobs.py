@@ -294,6 +294,7 @@ def node_work_context(node_id: str) -> dict[str, object]:
         **_acquire_context(node_id),
         **_runtime_context(node_id),
         **_runtime_jobs_context(node_id),
+        **_artifacts_context(node_id),
         "root_form": StorageRootForm(formdata=None),
     }
 
@@ -377,13 +378,32 @@ def delete_storage_root(node_id: str, root_id: str):
     return _panel("partials/_notice.html", 200, ROOTS_CHANGED, notice=notice)
 
 
+def _artifacts_context(node_id: str) -> dict[str, object]:
+    found = artifacts.for_node(node_id)
+    return {"artifacts": found, "deleting": artifacts.deleting([artifact.id for artifact in found])}
+
+
 @bp.get("/hardware/nodes/<node_id>/artifacts")
 @login_required
 def node_artifacts(node_id: str):
     """J3: what the node holds, verified; refreshes itself on the node page."""
-    return _refetched_panel(
-        node_id, "partials/_node_artifacts.html", lambda node: {"artifacts": artifacts.for_node(node)}
-    )
+    return _refetched_panel(node_id, "partials/_node_artifacts.html", _artifacts_context)
+
+
+@bp.post("/hardware/nodes/<node_id>/artifacts/<artifact_id>/delete")
+@login_required
+def delete_artifact(node_id: str, artifact_id: str):
+    """J5: queue the artifact's delete job; while it is in use the 409 names what uses it (the
+    error handlers), and nothing changes."""
+    artifact = artifacts.get(artifact_id)
+    if artifact.node_id != node_id:
+        raise DomainError(
+            "ARTIFACT_NOT_FOUND", f"Node {node_id} has no artifact {artifact_id}.", "Reload the node page."
+        )
+    job, _ = queue.request_delete(artifact.id)
+    if not is_htmx_fragment_request():
+        return _back_to_node(node_id, f"Deleting {artifact.repo_id} from the node (job {job.id[:8]}).")
+    return render_template("partials/_node_artifacts.html", node=get_node(node_id), **_artifacts_context(node_id))
 
 
 def _acquire_context(node_id: str) -> dict[str, object]:

@@ -1,4 +1,5 @@
-"""J3: artifacts — repository revisions acquired and verified on a node, where they lie on it."""
+"""J3: artifacts — repository revisions acquired and verified on a node, where they lie on it; J5:
+deleted by an artifact.delete.v1 job once nothing uses them."""
 
 from __future__ import annotations
 
@@ -6,10 +7,14 @@ import posixpath
 
 import sqlalchemy as sa
 
+from app import audit
 from app.errors import DomainError
 from app.extensions import db
-from app.models import Artifact, Job, StorageRoot
+from app.models import Artifact, Deployment, DeploymentState, Job, JobState, StorageRoot
 from app.timeutil import utcnow
+
+DELETE = "artifact.delete.v1"  # J5: the agent removes the artifact's directory, inside its root only
+_ACTIVE_JOB_STATES = (JobState.QUEUED, JobState.RUNNING)
 
 
 def _inside(path: str, root: str) -> str | None:
@@ -79,3 +84,57 @@ def for_node(node_id: str) -> list[Artifact]:
             sa.select(Artifact).where(Artifact.node_id == node_id).order_by(Artifact.verified_at.desc(), Artifact.id)
         )
     )
+
+
+def deleting(artifact_ids: list[str]) -> dict[str, str]:
+    """J5: artifact id -> the id of its delete job still queued or running, for those that have one."""
+    if not artifact_ids:
+        return {}
+    rows = db.session.execute(
+        sa.select(Job.artifact_id, Job.id).where(
+            Job.type == DELETE, Job.state.in_(_ACTIVE_JOB_STATES), Job.artifact_id.in_(artifact_ids)
+        )
+    )
+    return {artifact_id: job_id for artifact_id, job_id in rows}
+
+
+def refuse_if_deleting(artifact: Artifact) -> None:
+    """J5: nothing new starts on an artifact whose files are being removed."""
+    if deleting([artifact.id]):
+        raise DomainError(
+            "ARTIFACT_DELETING",
+            f"Artifact {artifact.id} ({artifact.repo_id}) is being deleted from its node.",
+            "Acquire the model again once its delete job has finished, or cancel that job.",
+        )
+
+
+def refuse_if_in_use(artifact: Artifact) -> None:
+    """J5: 409 ARTIFACT_IN_USE while a deployment that is not stopped, or a runtime job that has not
+    finished, reads it; the message names them."""
+    deployed = db.session.scalars(
+        sa.select(Deployment.name).where(
+            Deployment.artifact_id == artifact.id, Deployment.state != DeploymentState.STOPPED
+        )
+    ).all()
+    jobs = db.session.scalars(
+        sa.select(Job.id).where(Job.artifact_id == artifact.id, Job.type != DELETE, Job.state.in_(_ACTIVE_JOB_STATES))
+    ).all()
+    if deployed or jobs:
+        users = [f"deployment {name}" for name in deployed] + [f"job {job_id}" for job_id in jobs]
+        raise DomainError(
+            "ARTIFACT_IN_USE",
+            f"Artifact {artifact.id} ({artifact.repo_id}) is in use by " + ", ".join(users) + ".",
+            "Stop its deployments (and let its jobs finish or cancel them), then delete it.",
+        )
+
+
+def forget(job: Job) -> None:
+    """J5: the agent removed the files; the artifact leaves the node's list (the job keeps its result)."""
+    artifact = db.session.get(Artifact, job.artifact_id) if job.artifact_id else None
+    if artifact is None:
+        return
+    audit.record(
+        audit.agent_actor(job.node_id), "artifact.deleted", job.node_id,
+        artifact_id=artifact.id, repo_id=artifact.repo_id, commit=artifact.commit, job_id=job.id,
+    )  # fmt: skip
+    db.session.delete(artifact)

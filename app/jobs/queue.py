@@ -28,8 +28,9 @@ from app.timeutil import isoformat, utcnow
 ACQUIRE = "artifact.acquire.v1"
 BENCHMARK = runtime.BENCHMARK
 GENERATE = runtime.GENERATE
+DELETE = artifacts.DELETE
 # J2: every job type, in one place (the API, the OpenAPI document and the console read it).
-TYPES = (ACQUIRE, *runtime.TYPES)
+TYPES = (ACQUIRE, *runtime.TYPES, DELETE)
 # Error codes that are worth another attempt (J2); everything else fails at once.
 RETRY_BACKOFF_SECONDS = (0, 5, 30, 120)
 PAGE_SIZE = 50
@@ -72,6 +73,15 @@ def _artifact_on(node_id: str, artifact_id: str) -> Artifact:
     return artifact
 
 
+def request_delete(artifact_id: str) -> tuple[Job, bool]:
+    """J5: DELETE …/artifacts/{id}: its delete job, new (True) or the one already queued or running."""
+    artifact = artifacts.get(artifact_id)
+    pending = artifacts.deleting([artifact.id])
+    if pending:
+        return db.session.get(Job, pending[artifact.id]), False
+    return create(DELETE, artifact.node_id, {"artifact_id": artifact.id}, max_attempts=DEFAULT_MAX_ATTEMPTS), True
+
+
 def create(job_type: str, node_id: str, params: dict[str, object], max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Job:
     """Queue a job for a node (J2); an acquire job names a root, a runtime job an artifact, of that very node.
     A draining node takes none (S3)."""
@@ -87,7 +97,13 @@ def create(job_type: str, node_id: str, params: dict[str, object], max_attempts:
             )
         root_id = root.id
     elif runtime.is_runtime(job_type):
-        artifact_id = _artifact_on(node_id, str(params["artifact_id"])).id
+        artifact = _artifact_on(node_id, str(params["artifact_id"]))
+        artifacts.refuse_if_deleting(artifact)
+        artifact_id = artifact.id
+    elif job_type == DELETE:
+        artifact = _artifact_on(node_id, str(params["artifact_id"]))
+        artifacts.refuse_if_in_use(artifact)
+        artifact_id = artifact.id
     job = Job(
         type=job_type,
         node_id=node_id,
@@ -361,6 +377,9 @@ def complete(report: Report, result: dict[str, object]) -> Job:
     if job.type == ACQUIRE:
         artifact = artifacts.record(job, result)
         stored |= {"artifact_id": artifact.id, "host_path": artifact.host_path}
+    elif job.type == DELETE and (artifact := db.session.get(Artifact, job.artifact_id or "")) is not None:
+        stored |= {"artifact_id": artifact.id, "repo_id": artifact.repo_id, "commit": artifact.commit}
+        artifacts.forget(job)
     elif job.artifact_id is not None and (artifact := db.session.get(Artifact, job.artifact_id)) is not None:
         # W2: results are kept per node and model; the model's name outlives its artifact row.
         stored |= {"artifact_id": artifact.id, "repo_id": artifact.repo_id, "commit": artifact.commit}

@@ -137,6 +137,7 @@ def place(artifact: Artifact, node_id: str | None) -> Placement:
 def create(request: Request, actor: str = audit.OPERATOR) -> Deployment:
     """Create a deployment in `pending` on its node; the node's next heartbeat reply lists it."""
     artifact = artifacts.get(request.artifact_id)
+    artifacts.refuse_if_deleting(artifact)
     placement = place(artifact, request.node_id)
     if db.session.scalar(
         sa.select(Deployment.id).where(Deployment.name == request.name, Deployment.state != DeploymentState.STOPPED)

@@ -153,7 +153,7 @@ def test_hardened_agent_container_enrols_goes_online_and_keeps_its_identity(agen
             time.sleep(0.5)
             node = requests.get(f"{agent_server.url}/api/v1/hardware/nodes/{node_id}", headers=ADMIN, timeout=10).json()
         assert node["status"] == "online"
-        assert node["capabilities"] == ["artifact.acquire.v1"]
+        assert node["capabilities"] == ["artifact.acquire.v1", "artifact.delete.v1"]
         first_logs = first.logs()
         first.remove()
 

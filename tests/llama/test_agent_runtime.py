@@ -223,7 +223,10 @@ def test_a_worker_of_another_protocol_is_reported_but_never_advertised(
     standin(info_reply(answered))
     watch = agent.RuntimeWorkerWatch(agent.WorkerClient(str(socket_dir / "worker.sock")))
     assert watch.probe() is True
-    assert not watch.compatible and agent.advertised_capabilities(watch.compatible) == [agent.ACQUIRE_JOB_TYPE]
+    assert not watch.compatible and agent.advertised_capabilities(watch.compatible) == [
+        agent.ACQUIRE_JOB_TYPE,
+        agent.DELETE_JOB_TYPE,
+    ]
     fields = watch.inventory_fields()
     # A1: the control plane answers TOO_OLD / TOO_NEW / UNKNOWN from the version as it was sent.
     assert fields["runtime_worker"] == {
@@ -295,8 +298,8 @@ def test_the_real_worker_is_compatible_and_its_facts_go_in_the_inventory(worker)
     assert runtime["protocol_version"] == 1 and runtime["devices"] == []  # CPU mode: no GPU, none invented
     (engine,) = runtime["engines"]
     assert engine["name"] == "llama.cpp" and engine["backend"] == "cpu" and engine["version"]
-    assert agent.advertised_capabilities(True) == [agent.ACQUIRE_JOB_TYPE, *RUNTIME_TYPES]
-    assert agent.advertised_capabilities(True, True) == [agent.ACQUIRE_JOB_TYPE, *SERVING]
+    assert agent.advertised_capabilities(True) == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE, *RUNTIME_TYPES]
+    assert agent.advertised_capabilities(True, True) == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE, *SERVING]
 
 
 def test_runtime_types_are_advertised_only_while_a_compatible_worker_answers(tmp_path, socket_dir, artifacts, caplog):
@@ -328,11 +331,11 @@ def test_runtime_types_are_advertised_only_while_a_compatible_worker_answers(tmp
         control_plane.close()
     first, second, third = control_plane.bodies("inventory")
     assert control_plane.names()[:2] == ["inventory", "heartbeat"]
-    assert first["capabilities"] == [agent.ACQUIRE_JOB_TYPE]
+    assert first["capabilities"] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE]
     assert first["runtime_worker"] is None and first["runtime_worker_problem"] == f"no socket at {socket_path}"
-    assert second["capabilities"] == [agent.ACQUIRE_JOB_TYPE, *SERVING]
+    assert second["capabilities"] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE, *SERVING]
     assert second["runtime_worker"]["protocol_version"] == 1 and second["runtime_worker_problem"] is None
-    assert third["capabilities"] == [agent.ACQUIRE_JOB_TYPE] and third["runtime_worker"] is None
+    assert third["capabilities"] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE] and third["runtime_worker"] is None
     # The worker's SIGTERM removes its socket file.
     assert third["runtime_worker_problem"] == f"no socket at {socket_path}"
     # No worker: an inventory, then beats; one appears: an inventory before the very next beat;
@@ -343,8 +346,8 @@ def test_runtime_types_are_advertised_only_while_a_compatible_worker_answers(tmp
         *("inventory", "heartbeat", "heartbeat"),
     ]
     claims = control_plane.bodies("claim")
-    assert claims[0]["capabilities"] == [agent.ACQUIRE_JOB_TYPE]
-    assert claims[-1]["capabilities"] == [agent.ACQUIRE_JOB_TYPE, *RUNTIME_TYPES]
+    assert claims[0]["capabilities"] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE]
+    assert claims[-1]["capabilities"] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE, *RUNTIME_TYPES]
     assert caplog.text.count("no runtime worker: no socket at") == 1
     assert caplog.text.count("(protocol 1, llama.cpp ") == 1 and "runtime jobs are advertised" in caplog.text
     assert caplog.text.count("runtime worker gone: no socket at") == 1
@@ -634,9 +637,9 @@ def test_a_killed_worker_fails_the_job_retryable_and_is_advertised_again_once_ba
     assert (fail["error"]["code"], fail["retryable"]) == (agent.RUNTIME_WORKER_UNAVAILABLE, True)
     # Refused, or reset when the kill lands in the middle of a poll: either way it stopped answering.
     assert fail["error"]["message"].startswith("the runtime worker stopped answering: "), fail
-    assert claims[1] == [agent.ACQUIRE_JOB_TYPE, *RUNTIME_TYPES]
-    assert claims[2] == [agent.ACQUIRE_JOB_TYPE]
-    assert claims[3] == [agent.ACQUIRE_JOB_TYPE, *RUNTIME_TYPES]
+    assert claims[1] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE, *RUNTIME_TYPES]
+    assert claims[2] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE]
+    assert claims[3] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE, *RUNTIME_TYPES]
     inventories = control_plane.bodies("inventory")
     assert [body["runtime_worker"] is not None for body in inventories] == [True, False, True], inventories
     assert inventories[1]["runtime_worker_problem"] == f"connection refused at {socket_path}"

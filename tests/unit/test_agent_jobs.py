@@ -89,7 +89,7 @@ def test_a_waiting_job_is_claimed_within_a_heartbeat_and_run_while_heartbeats_go
 
     names = control_plane.names()
     assert names[:3] == ["inventory", "heartbeat", "claim"]  # a claim right after start-up
-    assert control_plane.bodies("inventory")[0]["capabilities"] == [agent.ACQUIRE_JOB_TYPE]
+    assert control_plane.bodies("inventory")[0]["capabilities"] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE]
     versions = {"protocol_version": 1, "agent_version": agent.AGENT_VERSION}
     assert control_plane.bodies("claim")[0] == {**versions, "capabilities": [agent.ACQUIRE_JOB_TYPE]}
     # Picked up at the first heartbeat that said a job waits: within one interval of the first claim.
@@ -121,7 +121,9 @@ def test_a_waiting_job_is_claimed_within_a_heartbeat_and_run_while_heartbeats_go
 def test_no_capability_no_claim(tmp_path, control_plane, hub, monkeypatch):
     real = agent.importlib.util.find_spec
     monkeypatch.setattr(
-        agent.importlib.util, "find_spec", lambda name: None if name == "huggingface_hub" else real(name)
+        agent.importlib.util,
+        "find_spec",
+        lambda name: None if name in ("huggingface_hub", "modelforge_agent_artifacts") else real(name),
     )
     control_plane.jobs_waiting = 3
     running = make_agent(make_config(tmp_path, control_plane.url, hub.url))

@@ -27,6 +27,7 @@ from app.timeutil import isoformat, parse_rfc3339, utcnow
 from tests.support import ACQUIRE, ADMIN, factories
 from tests.support.console import HTMX, htmx_post
 from tests.support.nodes import online_node
+from tests.support.runtime import acquired_artifact
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HOST_PATH = "/mnt/cache/appdata/modelforge/model-registry"
@@ -604,3 +605,33 @@ def test_nothing_in_the_console_changes_a_root_of_an_unknown_node(app, console):
     assert response.status_code == 404 and "NODE_NOT_FOUND" in response.get_data(as_text=True)
     with app.app_context():
         assert db.session.scalar(sa.select(sa.func.count()).select_from(StorageRoot)) == 0
+
+
+def test_an_artifact_is_deleted_from_the_node_page_behind_a_confirmation_and_refused_while_deployed(console):
+    """J5: the artifacts table's Delete asks first, names what holds an artifact in use, and shows
+    the delete job while it runs."""
+    node = online_node(console)
+    artifact = acquired_artifact(console, node)
+    page = console.get(f"/hardware/nodes/{node['id']}").get_data(as_text=True)
+    assert "Its files (" in page and "are removed from the disk" in page  # the hx-confirm
+    body = {"name": "held", "artifact_id": artifact["id"], "model_file": "tiny.gguf"}
+    assert console.post("/api/v1/admin/deployments", json=body, headers=ADMIN).status_code == 201
+    path = f"/hardware/nodes/{node['id']}/artifacts/{artifact['id']}/delete"
+    assert console.post(path, headers=HTMX).status_code == 400  # no CSRF token: nothing happens
+    refused = htmx_post(console, path)
+    assert refused.status_code == 409
+    html = refused.get_data(as_text=True)
+    assert "ARTIFACT_IN_USE" in html and "deployment held" in html and "<html" not in html
+
+    deployment = console.get("/api/v1/admin/deployments", headers=ADMIN).get_json()["deployments"][0]
+    console.delete(f"/api/v1/admin/deployments/{deployment['id']}", headers=ADMIN)
+    console.post(
+        f"/api/v1/agent/deployments/{deployment['id']}/status",
+        json={**factories.versions(), "state": "stopped", "error": None, "measured": None},
+        headers=node["auth"],
+    )
+    deleting = htmx_post(console, path)
+    assert deleting.status_code == 200
+    assert 'data-testid="artifact-deleting"' in deleting.get_data(as_text=True)
+    other = htmx_post(console, f"/hardware/nodes/{node['id']}/artifacts/00000000-0000-4000-8000-000000000000/delete")
+    assert other.status_code == 404

@@ -310,12 +310,14 @@ def test_the_document_names_each_job_types_params():
         "artifact.acquire.v1",
         "runtime.benchmark.v1",
         "runtime.generate.v1",
+        "artifact.delete.v1",
     }
     result = document()["components"]["schemas"]["CompleteRequest"]["properties"]["result"]
     assert {ref["$ref"].rsplit("/", 1)[1] for ref in result["anyOf"]} == {
         "AcquireResult",
         "BenchmarkResult",
         "GenerateResult",
+        "DeleteResult",
     }
 
 

@@ -19,6 +19,7 @@ FIRST_PARTY = {
     "modelforge_node_agent",
     "modelforge_agent_acquire",
     "modelforge_agent_runtime",
+    "modelforge_agent_artifacts",
     "modelforge_runtime_worker",
     "pynvml",
     "wsgi",
