@@ -4,7 +4,8 @@ One attempt resolves the revision to a commit, lists the tree at it, checks the 
 capacity, and fetches every file into `<root>/.partial/<job_id>/` (resuming with Range what an
 earlier attempt wrote), hashing each byte as it is written against the hash the Hub recorded;
 then renames the whole directory to `<root>/<repo_type>s/<owner>/<name>/<commit>/` in one step.
-A file that does not match sends the attempt's files to quarantine, never deleted.
+A file that does not match sends the attempt's files to quarantine, never deleted by the attempt
+(the agent removes them after MODELFORGE_AGENT_QUARANTINE_RETENTION_DAYS: modelforge_agent_artifacts).
 
 The core (modelforge_node_agent) imports this module only when it claims the first acquire job,
 so huggingface_hub and its transport load with it; the module registers its handler at the bottom.

@@ -122,3 +122,33 @@ def delete_summary(result: dict[str, object]) -> str:
 
 
 register_job_type(DELETE_JOB_TYPE, run_delete_job, delete_summary)
+
+
+def prune_quarantine(quarantine_dir: Path, retention_seconds: float, now: float) -> list[str]:
+    """J5: remove the quarantined attempts (`<quarantine>/<job id>-<attempt>/`) older than the
+    retention, by when their reason.json was written; the names removed. Walked by descriptor
+    like a delete: a symlink is never followed, and an entry that is not a directory is left."""
+    try:
+        top = os.open(quarantine_dir, O_DIR_NOFOLLOW)
+    except FileNotFoundError:
+        return []
+    removed = []
+    try:
+        for entry in sorted(os.listdir(top)):
+            try:
+                entry_fd = os.open(entry, O_DIR_NOFOLLOW, dir_fd=top)
+            except OSError:  # a file or a symlink: not an attempt this agent quarantined
+                continue
+            try:
+                try:
+                    written = os.stat("reason.json", dir_fd=entry_fd, follow_symlinks=False).st_mtime
+                except FileNotFoundError:
+                    written = os.fstat(entry_fd).st_mtime
+            finally:
+                os.close(entry_fd)
+            if now - written > retention_seconds:
+                shutil.rmtree(entry, dir_fd=top)
+                removed.append(entry)
+    finally:
+        os.close(top)
+    return removed

@@ -100,6 +100,11 @@ STALL_SECONDS = 30.0  # J2: a transfer with no byte for this long is a stall (MO
 # lookup, or the whole tree listing (MODELFORGE_AGENT_HUB_DEADLINE_SECONDS). The acquire module
 # holds the other Hub limits (Retry-After cap, pages, entries).
 HUB_DEADLINE_SECONDS = 300.0
+# J5: a verification failure's evidence in the quarantine directory is kept this long, then the
+# agent removes it (MODELFORGE_AGENT_QUARANTINE_RETENTION_DAYS; 0 keeps it forever). It looks
+# when it starts and then hourly.
+QUARANTINE_RETENTION_DAYS = 14.0
+QUARANTINE_PRUNE_EVERY_SECONDS = 3600.0
 PROGRESS_INTERVAL_SECONDS = 10.0  # when a claim names none
 STORAGE_REPORT_SECONDS = 60.0  # J1: root observations go out at least this often
 NOTABLE_FREE_CHANGE = 0.01  # … and sooner when free space moves by 1 % of the filesystem
@@ -156,6 +161,7 @@ class Config:
     data_dirs: dict[str, Path]
     hub: HubSettings = field(default_factory=HubSettings)
     worker_socket: str = DEFAULT_WORKER_SOCKET
+    quarantine_retention_days: float = QUARANTINE_RETENTION_DAYS
 
     @property
     def verify(self) -> bool | str:
@@ -240,6 +246,20 @@ def _seconds(env: dict[str, str], name: str, default: float) -> float:
     return seconds
 
 
+def _days(env: dict[str, str], name: str, default: float) -> float:
+    """A number of days from 0 to 3650 (0: never), or the default when unset."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        days = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of days, got {raw!r}") from None
+    if not 0 <= days <= 3650:
+        raise ConfigError(f"{name} must be between 0 (keep forever) and 3650 days, got {raw!r}")
+    return days
+
+
 def _worker_socket(env: dict[str, str]) -> str:
     """MODELFORGE_AGENT_WORKER_SOCKET: where the runtime worker listens (W1)."""
     name = "MODELFORGE_AGENT_WORKER_SOCKET"
@@ -289,6 +309,7 @@ def load_config(env: dict[str, str], *, need_url: bool = True) -> Config:
             deadline_seconds=_seconds(env, "MODELFORGE_AGENT_HUB_DEADLINE_SECONDS", HUB_DEADLINE_SECONDS),
         ),
         worker_socket=_worker_socket(env),
+        quarantine_retention_days=_days(env, "MODELFORGE_AGENT_QUARANTINE_RETENTION_DAYS", QUARANTINE_RETENTION_DAYS),
     )
 
 
@@ -1833,6 +1854,7 @@ class Agent:
         self.claim_due = True  # J2: one claim right after start-up, in case a job waits already
         self.runner: JobRunner | None = None
         self.heartbeat_sent_at: float | None = None  # monotonic; the schedule's reference point (issue 22)
+        self.quarantine_pruned_at: float | None = None  # monotonic; J5: when old evidence was last looked for
 
     def versions(self) -> dict[str, object]:
         """The version fields every request carries (A1)."""
@@ -2151,6 +2173,24 @@ class Agent:
         self.maybe_publish_inventory(now)
         self.heartbeat()
         self.reconcile_deployments()
+        self.maybe_prune_quarantine(now)
+
+    def maybe_prune_quarantine(self, now: float) -> None:
+        """J5: once at start and then hourly, remove quarantined attempts past their retention."""
+        days = self.config.quarantine_retention_days
+        if not days or (
+            self.quarantine_pruned_at is not None and now - self.quarantine_pruned_at < QUARANTINE_PRUNE_EVERY_SECONDS
+        ):
+            return
+        self.quarantine_pruned_at = now
+        artifacts = importlib.import_module("modelforge_agent_artifacts")
+        try:
+            removed = artifacts.prune_quarantine(self.config.data_dirs["quarantine"], days * 86400, time.time())
+        except OSError as error:
+            log.warning("quarantine: could not look for old evidence (%s); trying again in an hour", error.strerror)
+            return
+        for name in removed:
+            log.info("quarantine: removed %s, kept %g days", ascii(name)[1:-1], days)
 
     def stop_job(self) -> None:
         """The agent is stopping: the running job stops without a report (its lease runs out and it

@@ -4,13 +4,16 @@ directory only, never through a symlink, and only when it is an artifact this ag
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 import modelforge_agent_artifacts as delete_job
 import modelforge_node_agent as agent
+from tests.support.agent import make_agent, make_config
 
 COMMIT = "c" * 40
 
@@ -96,3 +99,58 @@ def test_a_cancel_before_the_removal_leaves_the_artifact_whole(base):
 def test_the_agent_advertises_it_without_any_library():
     assert "artifact.delete.v1" in agent.advertised_capabilities()
     assert agent.job_handler("artifact.delete.v1") is delete_job.run_delete_job
+
+
+DAY = 86400.0
+
+
+def quarantined(directory: Path, name: str, days_ago: float, now: float) -> Path:
+    """An attempt's files as the acquire quarantines them, its reason.json written `days_ago`."""
+    entry = directory / name
+    (entry / "weights").mkdir(parents=True)
+    (entry / "weights" / "model.gguf").write_bytes(b"GGUF bad bytes")
+    (entry / "reason.json").write_text('{"code": "ARTIFACT_VERIFICATION_FAILED"}')
+    os.utime(entry / "reason.json", (now - days_ago * DAY, now - days_ago * DAY))
+    return entry
+
+
+def test_quarantine_past_its_retention_is_removed_and_newer_evidence_kept(tmp_path):
+    now = 2_000_000_000.0
+    directory = tmp_path / "quarantine"
+    old = quarantined(directory, "job-1-1", 15, now)
+    fresh = quarantined(directory, "job-2-1", 13, now)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "keep").write_bytes(b"k")
+    os.symlink(tmp_path / "elsewhere", directory / "a-link")  # never followed, never removed
+    os.symlink(tmp_path / "elsewhere" / "keep", old / "weights" / "planted")
+    (directory / "stray.txt").write_text("not an attempt")
+    assert delete_job.prune_quarantine(directory, 14 * DAY, now) == ["job-1-1"]
+    assert not old.exists() and (fresh / "weights" / "model.gguf").exists()
+    assert (directory / "a-link").is_symlink() and (directory / "stray.txt").exists()
+    assert (tmp_path / "elsewhere" / "keep").read_bytes() == b"k"
+    assert delete_job.prune_quarantine(tmp_path / "missing", 14 * DAY, now) == []
+
+
+def test_the_agent_prunes_at_start_then_hourly_and_never_with_retention_zero(tmp_path, caplog):
+    now = time.time()
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "fortnight").mkdir()
+    kept = make_agent(
+        make_config(tmp_path / "zero", "http://127.0.0.1:9", MODELFORGE_AGENT_QUARANTINE_RETENTION_DAYS="0")
+    )
+    zero_entry = quarantined(kept.config.data_dirs["quarantine"], "job-z-1", 400, now)
+    kept.maybe_prune_quarantine(time.monotonic())
+    assert zero_entry.exists()
+
+    running = make_agent(make_config(tmp_path / "fortnight", "http://127.0.0.1:9"))
+    directory = running.config.data_dirs["quarantine"]
+    quarantined(directory, "job-a-1", 20, now)
+    with caplog.at_level(logging.INFO, logger=agent.log.name):
+        running.maybe_prune_quarantine(time.monotonic())
+    assert not (directory / "job-a-1").exists()
+    assert "quarantine: removed job-a-1, kept 14 days" in caplog.text
+    quarantined(directory, "job-b-1", 20, now)
+    running.maybe_prune_quarantine(time.monotonic() + 60)  # within the hour: not looked at again
+    assert (directory / "job-b-1").exists()
+    running.maybe_prune_quarantine(time.monotonic() + agent.QUARANTINE_PRUNE_EVERY_SECONDS + 1)
+    assert not (directory / "job-b-1").exists()

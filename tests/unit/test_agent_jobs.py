@@ -351,6 +351,8 @@ def test_a_reply_without_roots_keeps_the_list_and_a_bad_root_is_dropped(tmp_path
     [
         ({"HF_ENDPOINT": "ftp://mirror"}, "HF_ENDPOINT"),
         ({"MODELFORGE_AGENT_STALL_SECONDS": "soon"}, "MODELFORGE_AGENT_STALL_SECONDS"),
+        ({"MODELFORGE_AGENT_QUARANTINE_RETENTION_DAYS": "-1"}, "MODELFORGE_AGENT_QUARANTINE_RETENTION_DAYS"),
+        ({"MODELFORGE_AGENT_QUARANTINE_RETENTION_DAYS": "a fortnight"}, "MODELFORGE_AGENT_QUARANTINE_RETENTION_DAYS"),
         ({"MODELFORGE_HF_TOKEN_FILE": "/nonexistent/token"}, "MODELFORGE_HF_TOKEN_FILE"),
         ({"MODELFORGE_HF_TOKEN": "hf_a b"}, "MODELFORGE_HF_TOKEN"),
         ({"MODELFORGE_HF_TOKEN": "hf_x", "MODELFORGE_HF_TOKEN_FILE": "/t"}, "MODELFORGE_HF_TOKEN_FILE"),
