@@ -91,7 +91,10 @@ def test_a_waiting_job_is_claimed_within_a_heartbeat_and_run_while_heartbeats_go
     assert names[:3] == ["inventory", "heartbeat", "claim"]  # a claim right after start-up
     assert control_plane.bodies("inventory")[0]["capabilities"] == [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE]
     versions = {"protocol_version": 1, "agent_version": agent.AGENT_VERSION}
-    assert control_plane.bodies("claim")[0] == {**versions, "capabilities": [agent.ACQUIRE_JOB_TYPE]}
+    assert control_plane.bodies("claim")[0] == {
+        **versions,
+        "capabilities": [agent.ACQUIRE_JOB_TYPE, agent.DELETE_JOB_TYPE],
+    }
     # Picked up at the first heartbeat that said a job waits: within one interval of the first claim.
     assert claims[1] - claims[0] < 1.9
     started, ended = names.index("claim", 3), names.index("complete")
