@@ -374,7 +374,8 @@ def generate_summary(result: dict[str, object]) -> str:
 # that nobody wants), and reports each deployment's state as the worker has it, once per change.
 # A worker that restarts has lost its models; the next reconcile loads them again.
 
-WORKER_DEPLOYMENT_STATES = ("loading", "ready", "failed", "stopped")
+WORKER_DEPLOYMENT_STATES = ("loading", "ready", "unloaded", "failed", "stopped")
+WORKER_HELD_STATES = ("loading", "ready", "unloaded")  # the worker keeps it (an unloaded one holds no memory)
 
 
 @dataclass(frozen=True)
@@ -387,6 +388,7 @@ class DesiredDeployment:
     request: RuntimeRequest
     context_length: int | None
     n_gpu_layers: int | None
+    idle_unload_seconds: int | None = None  # S2: None leaves it to the worker (never unloads)
 
     @classmethod
     def from_wire(cls, item: object) -> DesiredDeployment | None:
@@ -414,6 +416,7 @@ class DesiredDeployment:
             request=request,
             context_length=whole_number(entry.get("context_length")),
             n_gpu_layers=entry.get("n_gpu_layers") if isinstance(entry.get("n_gpu_layers"), int) else None,
+            idle_unload_seconds=whole_number(entry.get("idle_unload_seconds")),
         )
 
 
@@ -477,7 +480,7 @@ class Deployments:
             return
         for deployment_id, status in present.items():  # loaded for nobody: the control plane is the desired state
             wanted = self.desired.get(deployment_id)
-            if (wanted is None or wanted.desired == "stopped") and status.get("state") in ("loading", "ready"):
+            if (wanted is None or wanted.desired == "stopped") and status.get("state") in WORKER_HELD_STATES:
                 if self.stop_in_worker(deployment_id):
                     present[deployment_id] = {**status, "state": "stopped"}
         for each in self.desired.values():
@@ -513,6 +516,8 @@ class Deployments:
             body["context_length"] = each.context_length
         if each.n_gpu_layers is not None:
             body["n_gpu_layers"] = each.n_gpu_layers
+        if each.idle_unload_seconds is not None:
+            body["idle_unload_seconds"] = each.idle_unload_seconds
         try:
             status = self.worker.request("PUT", f"/v1/deployments/{quote_id(each.id)}", body)
         except WorkerError as error:

@@ -113,6 +113,8 @@ MAX_DEPLOYMENTS = 4  # models loaded at once by one worker
 SERVE_SLOTS = 4  # generations one deployment decodes together (bench/slots.py)
 DEPLOYMENT_QUEUE = 8  # requests waiting for a deployment beyond those its slots generate (429 past it)
 CONTEXT_TOKENS_RANGE = (16, 8192)  # S2: the default is the model's own, capped at the top of this
+IDLE_UNLOAD_RANGE = (0, 7 * 86_400)  # S2: seconds without a request before the model is freed; 0 never
+LIVE_DEPLOYMENT_STATES = ("loading", "ready", "unloaded")  # kept by the worker; stopped or failed are not
 MAX_SERVE_PROMPT_CHARS = 48 * 1024  # a prompt or the messages' text together; the body limit binds first
 MESSAGES_RANGE = (1, 256)
 CHAT_ROLES = ("system", "user", "assistant")
@@ -569,6 +571,7 @@ class DeploymentSpec:
     model_path: str
     context_length: int | None  # None: the model's own, capped at CONTEXT_TOKENS_RANGE's top
     n_gpu_layers: int | None
+    idle_unload_seconds: int = 0  # S2: free the model after this long without a request; 0 never
 
 
 @dataclass(frozen=True)
@@ -597,6 +600,7 @@ def parse_deployment_spec(body: object) -> DeploymentSpec:
         model_path=_string(body, "model_path", required=True, limit=MAX_PATH_CHARS, prefix=""),
         context_length=_int(body, "context_length", None, CONTEXT_TOKENS_RANGE, prefix=""),
         n_gpu_layers=_int(body, "n_gpu_layers", None, N_GPU_LAYERS_RANGE, prefix=""),
+        idle_unload_seconds=_int(body, "idle_unload_seconds", 0, IDLE_UNLOAD_RANGE, prefix=""),
     )
 
 
@@ -1670,7 +1674,9 @@ class Deployment:
     """A model kept loaded in an engine process of its own, and the generations it serves (S2).
 
     Its supervisor thread starts the process, watches its deadlines and routes its events to
-    each generation's queue; handlers read status and submit generations under the lock.
+    each generation's queue; handlers read status and submit generations under the lock. After
+    `idle_unload_seconds` without a request the process is ended (the model's memory is freed)
+    and the deployment is `unloaded`; the next request loads it again and waits for it.
     """
 
     def __init__(self, deployment_id: str, spec: DeploymentSpec, model_path: Path, gpu_layers: int) -> None:
@@ -1690,6 +1696,27 @@ class Deployment:
         self.child: EngineProcess | None = None
         self.stopping = threading.Event()
         self.ended = threading.Event()
+        self.wanted = threading.Event()  # a request came for an unloaded model: load it again
+        self.waiting: list[dict] = []  # generate commands held while it loads again
+        self.idle_since = time.monotonic()
+
+    def unload_if_idle(self) -> bool:
+        """S2: ready, nothing in hand and nothing asked for idle_unload_seconds (never when 0): it
+        becomes `unloaded` at once, under the lock, so a request from now on loads it again."""
+        with self.lock:
+            seconds = self.spec.idle_unload_seconds
+            quiet = time.monotonic() - self.idle_since
+            if not seconds or self.state != "ready" or self.streams or quiet < seconds:
+                return False
+            self.state = "unloaded"
+            return True
+
+    def loaded(self) -> list[dict]:
+        """The model is loaded (again): ready, and the commands held meanwhile, to send now."""
+        with self.lock:
+            self.state = "ready"
+            held, self.waiting = self.waiting, []
+            return held
 
     def status(self) -> dict:
         with self.lock:
@@ -1708,7 +1735,8 @@ class Deployment:
     def open_stream(self, request: GenerationRequest) -> tuple[str, queue.Queue]:
         """Hand a generation to the engine process: its id and the queue its events come on."""
         with self.lock:
-            if self.state != "ready":
+            reload = self.state == "unloaded" or (self.state == "loading" and self.measured["load_seconds"] is not None)
+            if self.state != "ready" and not reload:
                 why = f": {self.error['message']}" if self.error else ""
                 raise RequestError(
                     409,
@@ -1727,18 +1755,33 @@ class Deployment:
             events: queue.Queue = queue.Queue()
             self.streams[rid] = events
             self.requests += 1
-        if not self.child.send({"op": "generate", "rid": rid, **request.to_engine()}):
+            self.idle_since = time.monotonic()
+            command = {"op": "generate", "rid": rid, **request.to_engine()}
+            if reload:  # S2: held until the model is loaded again; the client waits meanwhile
+                self.waiting.append(command)
+                if self.state == "unloaded":
+                    self.state = "loading"
+                    self.wanted.set()
+                return rid, events
+        if not self.child.send(command):
             self.close_stream(rid)
             raise RequestError(503, WORKER_DEPLOYMENT_NOT_READY, f"deployment {self.id}'s engine process is gone", True)
         return rid, events
 
     def cancel_stream(self, rid: str) -> None:
         """The client hung up: stop its generation (within one token) or its turn in the queue."""
-        self.child.send({"op": "cancel", "rid": rid})
+        with self.lock:
+            held = [command for command in self.waiting if command["rid"] == rid]
+            self.waiting = [command for command in self.waiting if command["rid"] != rid]
+        if held:  # it never reached the engine process
+            self._route({"event": "request_failed", "rid": rid, "code": JOB_CANCELLED, "message": "the client left"})
+        elif self.child is not None:
+            self.child.send({"op": "cancel", "rid": rid})
 
     def close_stream(self, rid: str) -> None:
         with self.lock:
             self.streams.pop(rid, None)
+            self.idle_since = time.monotonic()
 
     def _route(self, event: dict) -> None:
         with self.lock:
@@ -1860,7 +1903,7 @@ class Worker:
         spec = parse_deployment_spec(body)
         with self._lock:
             existing = self._deployments.get(deployment_id)
-            if existing is not None and existing.status()["state"] in ("loading", "ready"):
+            if existing is not None and existing.status()["state"] in LIVE_DEPLOYMENT_STATES:
                 if existing.spec != spec:
                     raise RequestError(
                         409,
@@ -1868,7 +1911,7 @@ class Worker:
                         f"deployment {deployment_id} runs with other settings; stop it first",
                     )
                 return existing.status()
-            live = [each for each in self._deployments.values() if each.status()["state"] in ("loading", "ready")]
+            live = [each for each in self._deployments.values() if each.status()["state"] in LIVE_DEPLOYMENT_STATES]
             if len(live) >= MAX_DEPLOYMENTS:
                 raise RequestError(409, WORKER_BUSY, f"this worker keeps at most {MAX_DEPLOYMENTS} models loaded", True)
             model_path = resolve_model_path(self.config.artifact_dir, spec.model_path)
@@ -1892,7 +1935,33 @@ class Worker:
         return deployment.status()
 
     def _serve(self, deployment: Deployment) -> None:
-        """The deployment's supervisor: its engine process from spawn to end, every wait bounded."""
+        """The deployment's supervisor: one engine process after another, each from spawn to end
+        with every wait bounded. A model left idle is unloaded (its process ended), and loaded again
+        in a new one when a request comes (S2)."""
+        state, error = "failed", None
+        try:
+            while True:
+                state, error = self._run_engine(deployment)
+                if state != "unloaded":
+                    break
+                while not deployment.stopping.is_set() and not deployment.wanted.wait(0.5):
+                    pass
+                if deployment.stopping.is_set():
+                    break
+                deployment.wanted.clear()
+                log.info("deployment %s: a request came; loading the model again", deployment.id)
+        finally:
+            if deployment.stopping.is_set():
+                state, error = "stopped", None
+            deployment.end(state, error)
+            deployment.ended.set()
+            log.info(
+                "deployment %s %s%s", deployment.id, state, f" ({error['code']}: {error['message']})" if error else ""
+            )
+
+    def _run_engine(self, deployment: Deployment) -> tuple[str, dict | None]:
+        """One engine process for the deployment: `stopped`, `unloaded` (idle: it was ended) or
+        `failed` with the error."""
         child = EngineProcess(f"deployment {deployment.id}: engine process", self.config.artifact_dir)
         deployment.child = child
         request = {
@@ -1903,7 +1972,6 @@ class Worker:
         }
         started = heard = heard_ready = time.monotonic()
         ready = loaded = False
-        state, error = "failed", None
         try:
             child.start(request)
             log.info("deployment %s: engine process %d started", deployment.id, child.pid)
@@ -1926,10 +1994,17 @@ class Worker:
                 try:
                     event = child.next_event(min(deadline - now, 0.5))
                 except queue.Empty:
+                    if loaded and deployment.unload_if_idle():
+                        memory = deployment.measured.get("memory_bytes")
+                        child.kill()
+                        log.info(
+                            "deployment %s unloaded after %d s without a request (%s bytes freed)",
+                            deployment.id, deployment.spec.idle_unload_seconds, memory,
+                        )  # fmt: skip
+                        return "unloaded", None
                     if time.monotonic() >= deadline:
                         child.kill()
-                        error = self._deployment_error(child, loaded, f"did not {doing}; killed")
-                        return
+                        return "failed", self._deployment_error(child, loaded, f"did not {doing}; killed")
                     continue
                 if event is None:
                     if deployment.stopping.is_set():
@@ -1937,8 +2012,9 @@ class Worker:
                     code = child.wait(ENGINE_EXIT_SECONDS)
                     words = child.last_words()
                     how = _ended(code) if code is not None else "closed its channel"
-                    error = self._deployment_error(child, loaded, how + (f"; it said: {words}" if words else ""))
-                    return
+                    return "failed", self._deployment_error(
+                        child, loaded, how + (f"; it said: {words}" if words else "")
+                    )
                 heard = time.monotonic()
                 kind = event.get("event")
                 if kind == "ready":
@@ -1946,12 +2022,13 @@ class Worker:
                 elif kind == "loaded":
                     loaded = True
                     with deployment.lock:
-                        deployment.state = "ready"
                         deployment.context_length = event.get("context_length")
                         deployment.chat_template = event.get("chat_template")
                         deployment.measured.update(
                             load_seconds=event.get("load_seconds"), memory_bytes=event.get("memory_bytes")
                         )
+                    for command in deployment.loaded():  # requests that waited for a load again
+                        child.send(command)
                     log.info("deployment %s ready: loaded in %s s", deployment.id, event.get("load_seconds"))
                 elif kind in ("token", "finished", "request_failed"):
                     deployment._route(event)
@@ -1962,28 +2039,20 @@ class Worker:
                     child.aborting(str(event.get("message")))
                 elif kind == "failed":
                     code = str(event.get("code") or WORKER_INTERNAL_ERROR)
-                    error = {
+                    return "failed", {
                         "code": code,
                         "message": child.scrub(str(event.get("message"))),
                         "retryable": event.get("retryable") is True,
                     }
-                    return
-            state = "stopped"
+            return "stopped", None
         except OSError as failure:
-            error = {
+            return "failed", {
                 "code": WORKER_INTERNAL_ERROR,
                 "message": f"the engine process cannot start ({failure})",
                 "retryable": True,
             }
         finally:
             child.end()
-            if deployment.stopping.is_set():
-                state, error = "stopped", None
-            deployment.end(state, error)
-            deployment.ended.set()
-            log.info(
-                "deployment %s %s%s", deployment.id, state, f" ({error['code']}: {error['message']})" if error else ""
-            )
 
     @staticmethod
     def _deployment_error(child: EngineProcess, loaded: bool, what: str) -> dict:

@@ -15,11 +15,12 @@ from app.timeutil import UTCDateTime, isoformat, utcnow
 
 
 class DeploymentState(enum.StrEnum):
-    """S2: where a deployment is; `unloaded` comes with idle unloading (a later step)."""
+    """S2: where a deployment is."""
 
     PENDING = "pending"  # created; the node has not taken it yet
     LOADING = "loading"
     READY = "ready"
+    UNLOADED = "unloaded"  # idle for idle_unload_seconds: its memory freed; the next request loads it
     FAILED = "failed"
     STOPPING = "stopping"  # deleted; waiting for the node to confirm
     STOPPED = "stopped"

@@ -33,9 +33,15 @@ N_GPU_LAYERS = runtime.N_GPU_LAYERS  # -1: every layer on the GPU, as runtime jo
 IDLE_UNLOAD_SECONDS = runtime.Bound(0, 7 * 86_400, 900)  # 0 keeps the model loaded
 
 # What the node may report, and what it is then asked for: `desired` in the heartbeat's list.
-REPORTED = ("loading", "ready", "failed", "stopped")
+REPORTED = ("loading", "ready", "unloaded", "failed", "stopped")
 # Desired ready: the node is to load (or keep) these; stopping: to stop them and confirm.
-_DESIRED_READY = (DeploymentState.PENDING, DeploymentState.LOADING, DeploymentState.READY, DeploymentState.FAILED)
+_DESIRED_READY = (
+    DeploymentState.PENDING,
+    DeploymentState.LOADING,
+    DeploymentState.READY,
+    DeploymentState.UNLOADED,
+    DeploymentState.FAILED,
+)
 _ACTIVE_STATES = (*_DESIRED_READY, DeploymentState.STOPPING)
 
 # S2: the next step for each error code a node reports; any other code gets the last words.
@@ -203,7 +209,10 @@ def serving(name: str) -> Deployment:
             "GET /v1/models lists the names; an operator deploys a model on the console's Deployments page.",
             param="model",
         )
-    if deployment.state != DeploymentState.READY:
+    # S2: an unloaded model, or one loading again after it was unloaded, is loaded for this request
+    # while the client waits (keep-alive comments); only a first load or a failure refuses.
+    reloading = deployment.state == DeploymentState.LOADING and deployment.measured is not None
+    if deployment.state not in (DeploymentState.READY, DeploymentState.UNLOADED) and not reloading:
         why = f": {deployment.error_message}" if deployment.state == DeploymentState.FAILED else ""
         raise DomainError(
             "DEPLOYMENT_NOT_READY",
@@ -284,6 +293,7 @@ def agent_view(node_id: str) -> list[dict[str, object]]:
             "model_file": deployment.model_file,
             "context_length": deployment.context_length,
             "n_gpu_layers": deployment.n_gpu_layers,
+            "idle_unload_seconds": deployment.idle_unload_seconds,
         }
         for deployment, container_path in rows
     ]

@@ -7,9 +7,11 @@ stand-in Hub; the deployment is created through the admin API and followed there
 
 from __future__ import annotations
 
+import openai
+
 from tests.support import wait_until
 from tests.support.acquire import api
-from tests.support.serving import runtime_node, start_worker, wait_capabilities
+from tests.support.serving import mint_key, runtime_node, start_worker, wait_capabilities
 from tests.support.worker import call
 
 SERVE = "runtime.serve.v1"
@@ -91,3 +93,31 @@ def test_a_deployment_of_a_file_the_node_did_not_verify_fails_without_reaching_t
     assert failed["state"] == "failed" and failed["error"]["code"] == "MODEL_FILE_INVALID", failed
     assert failed["error"]["next_step"]
     assert worker_deployments(worker) == {}
+
+
+def test_an_idle_deployment_is_unloaded_and_the_next_request_loads_it_again_with_the_same_answer(
+    tmp_path, socket_dir, jobs_server, hub, model_repo
+):
+    """S2: ready → unloaded after idle_unload_seconds (audited), and a request to the unloaded
+    model is answered once the node has loaded it again: the same greedy text as before."""
+    agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, model_repo)
+    wait_capabilities(jobs_server, node_id, {SERVE})
+    body = {"name": "napper", "artifact_id": artifact_id, "model_file": "tiny.gguf", "idle_unload_seconds": 2}
+    created = api(jobs_server, "POST", "/api/v1/admin/deployments", json=body)
+    assert created.status_code == 201, created.text
+    deployment_id = created.json()["id"]
+    wait_state(jobs_server, deployment_id, {"ready"})
+    wait_until(lambda: "relay: connected" in agent.log(), "the agent's relay connection", 20)
+    with openai.OpenAI(base_url=jobs_server.url + "/v1", api_key=mint_key(jobs_server), max_retries=0) as client:
+        ask = {"model": "napper", "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+        first = client.completions.create(**ask).choices[0].text
+        unloaded = wait_state(jobs_server, deployment_id, {"unloaded"}, timeout=20)
+        assert worker_deployments(worker)[deployment_id] == "unloaded"
+        assert unloaded["measured"]["load_seconds"] > 0  # what it measured when loaded stays known
+        assert client.completions.create(**ask).choices[0].text == first  # loaded again for it
+    wait_state(jobs_server, deployment_id, {"ready"})
+    events = api(jobs_server, "GET", "/api/v1/admin/audit-events").json()["audit_events"]
+    actions = [
+        event["action"] for event in events if (event.get("details") or {}).get("deployment_id") == deployment_id
+    ]
+    assert "deployment.unloaded" in actions

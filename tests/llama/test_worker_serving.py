@@ -235,6 +235,52 @@ def test_a_generation_that_may_fill_the_context_runs_alone_and_the_next_waits_it
     worker.call("DELETE", f"/v1/deployments/{status['id']}")
 
 
+def resident_bytes(worker: WorkerProcess) -> int:
+    """The worker's resident set and its engine processes', together."""
+    total = 0
+    for pid in {worker.process.pid, *engine_pid(worker)}:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except FileNotFoundError:
+            continue
+    return total
+
+
+def test_an_idle_model_is_unloaded_its_memory_freed_and_the_next_request_loads_it_again(worker, artifacts):
+    """S2: after idle_unload_seconds without a request the engine process ends (the memory goes
+    with it); the next request waits while the model loads again and gets the same answer."""
+    before = engine_pid(worker)
+    status = deploy(worker, idle_unload_seconds=1)
+    (engine,) = engine_pid(worker) - before
+    first, _, _ = generate(worker, status["id"], max_tokens=16, temperature=0)
+    loaded = resident_bytes(worker)
+
+    def unloaded():
+        answer = worker.call("GET", f"/v1/deployments/{status['id']}")[1]
+        return answer if answer["state"] == "unloaded" else None
+
+    wait_until(unloaded, "the idle model to be unloaded", 10)
+    assert engine not in engine_pid(worker)  # its process, and the model with it, is gone
+    model_bytes = (artifacts / "tiny.gguf").stat().st_size
+    assert loaded - resident_bytes(worker) >= model_bytes
+    again, last, _ = generate(worker, status["id"], max_tokens=16, temperature=0)  # loads it again
+    assert again == first and last["usage"]["completion_tokens"] == 16
+    after = worker.call("GET", f"/v1/deployments/{status['id']}")[1]
+    assert after["state"] == "ready" and after["measured"]["requests"] == 2
+    assert "unloaded after 1 s without a request" in worker.log()
+    worker.call("DELETE", f"/v1/deployments/{status['id']}")
+
+
+def test_a_model_kept_loaded_is_never_unloaded(worker):
+    status = deploy(worker, idle_unload_seconds=0)
+    generate(worker, status["id"], max_tokens=2, temperature=0)
+    time.sleep(1.5)  # longer than the shortest idle time above
+    assert worker.call("GET", f"/v1/deployments/{status['id']}")[1]["state"] == "ready"
+    worker.call("DELETE", f"/v1/deployments/{status['id']}")
+
+
 def test_a_client_that_hangs_up_stops_its_generation_within_a_second(worker):
     status = deploy(worker, context_length=8192)
     stream = Stream(worker, status["id"], {"kind": "completion", "prompt": "Hello", "temperature": 0})
