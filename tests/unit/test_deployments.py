@@ -199,6 +199,7 @@ def test_the_heartbeat_carries_deployments_only_when_the_etag_differs(client, no
             "model_file": "tiny.gguf",
             "context_length": 2048,
             "n_gpu_layers": None,
+            "idle_unload_seconds": 900,  # S2: the default; the agent passes it to the worker
         }
     ]
     same = beat(client, node, deployments_etag=changed["deployments_etag"])

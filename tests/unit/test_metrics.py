@@ -185,7 +185,7 @@ def test_deployments_are_counted_by_state_and_each_live_one_has_its_state(app, c
     samples = scrape(client)
     counts = {s.labels["state"]: s.value for s in samples if s.name == "modelforge_deployments"}
     # Every state is there, 0 too: a panel shows a count that dropped to none as 0, not as a gap.
-    assert counts == {"pending": 0, "loading": 1, "ready": 1, "failed": 0, "stopping": 0, "stopped": 1}
+    assert counts == {"pending": 0, "loading": 1, "ready": 1, "unloaded": 0, "failed": 0, "stopping": 0, "stopped": 1}
     live = {s.labels["deployment"]: s.labels["state"] for s in samples if s.name == "modelforge_deployment_state"}
     assert live == {"chat": "ready", "code": "loading"}  # a stopped one is history, not a series
 
