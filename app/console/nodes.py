@@ -227,19 +227,22 @@ def revoke_credential(node_id: str):
     return _credential_panel(node_id, notice="Credential revoked: the agent's next request is refused.")
 
 
-def _set_disabled(node_id: str, disabled: bool):
-    nodes.set_disabled(node_id, disabled)
+def _node_live(node_id: str):
+    """After an action on the node (disable, drain, …): the node page, or for htmx #node-live itself,
+    the only panel that listens for node-changed, so no trigger."""
     if not is_htmx_fragment_request():
         return redirect(url_for("console.node_page", node_id=node_id))
-    # The response is #node-live itself, the only panel that listens for node-changed: no trigger.
     return render_template("partials/_node_live.html", **_live_context(node_id))
+
+
+def _set_disabled(node_id: str, disabled: bool):
+    nodes.set_disabled(node_id, disabled)
+    return _node_live(node_id)
 
 
 def _set_draining(node_id: str, draining: bool):
     nodes.set_draining(node_id, draining)
-    if not is_htmx_fragment_request():
-        return redirect(url_for("console.node_page", node_id=node_id))
-    return render_template("partials/_node_live.html", **_live_context(node_id))
+    return _node_live(node_id)
 
 
 @bp.post("/hardware/nodes/<node_id>/drain")
