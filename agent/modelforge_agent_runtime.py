@@ -375,7 +375,7 @@ def generate_summary(result: dict[str, object]) -> str:
 # A worker that restarts has lost its models; the next reconcile loads them again.
 
 WORKER_DEPLOYMENT_STATES = ("loading", "ready", "unloaded", "failed", "stopped")
-WORKER_HELD_STATES = ("loading", "ready", "unloaded")  # the worker keeps it (an unloaded one holds no memory)
+WORKER_HELD_STATES = ("loading", "ready", "unloading", "unloaded")  # the worker keeps it; unloaded: no memory
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ SERVE_SLOTS = 4  # generations one deployment decodes together (bench/slots.py)
 DEPLOYMENT_QUEUE = 8  # requests waiting for a deployment beyond those its slots generate (429 past it)
 CONTEXT_TOKENS_RANGE = (16, 8192)  # S2: the default is the model's own, capped at the top of this
 IDLE_UNLOAD_RANGE = (0, 7 * 86_400)  # S2: seconds without a request before the model is freed; 0 never
-LIVE_DEPLOYMENT_STATES = ("loading", "ready", "unloaded")  # kept by the worker; stopped or failed are not
+LIVE_DEPLOYMENT_STATES = ("loading", "ready", "unloading", "unloaded")  # kept; stopped or failed are not
 MAX_SERVE_PROMPT_CHARS = 48 * 1024  # a prompt or the messages' text together; the body limit binds first
 MESSAGES_RANGE = (1, 256)
 CHAT_ROLES = ("system", "user", "assistant")
@@ -1702,14 +1702,22 @@ class Deployment:
 
     def unload_if_idle(self) -> bool:
         """S2: ready, nothing in hand and nothing asked for idle_unload_seconds (never when 0): it
-        becomes `unloaded` at once, under the lock, so a request from now on loads it again."""
+        becomes `unloading` at once, under the lock, so a request from now on loads it again; it is
+        `unloaded` once its engine process is gone (unloaded())."""
         with self.lock:
             seconds = self.spec.idle_unload_seconds
             quiet = time.monotonic() - self.idle_since
             if not seconds or self.state != "ready" or self.streams or quiet < seconds:
                 return False
-            self.state = "unloaded"
+            self.state = "unloading"
             return True
+
+    def unloaded(self) -> None:
+        """The engine process is gone and its memory with it (unless a request came meanwhile and it
+        is `loading` again)."""
+        with self.lock:
+            if self.state == "unloading":
+                self.state = "unloaded"
 
     def loaded(self) -> list[dict]:
         """The model is loaded (again): ready, and the commands held meanwhile, to send now."""
@@ -1735,7 +1743,9 @@ class Deployment:
     def open_stream(self, request: GenerationRequest) -> tuple[str, queue.Queue]:
         """Hand a generation to the engine process: its id and the queue its events come on."""
         with self.lock:
-            reload = self.state == "unloaded" or (self.state == "loading" and self.measured["load_seconds"] is not None)
+            reload = self.state in ("unloading", "unloaded") or (
+                self.state == "loading" and self.measured["load_seconds"] is not None
+            )
             if self.state != "ready" and not reload:
                 why = f": {self.error['message']}" if self.error else ""
                 raise RequestError(
@@ -1759,7 +1769,7 @@ class Deployment:
             command = {"op": "generate", "rid": rid, **request.to_engine()}
             if reload:  # S2: held until the model is loaded again; the client waits meanwhile
                 self.waiting.append(command)
-                if self.state == "unloaded":
+                if self.state in ("unloading", "unloaded"):
                     self.state = "loading"
                     self.wanted.set()
                 return rid, events
@@ -1996,7 +2006,8 @@ class Worker:
                 except queue.Empty:
                     if loaded and deployment.unload_if_idle():
                         memory = deployment.measured.get("memory_bytes")
-                        child.kill()
+                        child.end()  # killed and reaped: its memory is free before it says unloaded
+                        deployment.unloaded()
                         log.info(
                             "deployment %s unloaded after %d s without a request (%s bytes freed)",
                             deployment.id, deployment.spec.idle_unload_seconds, memory,
