@@ -21,6 +21,14 @@ def chromium():
         browser.close()
 
 
+# The host's network changed under Chromium: the containers tier creates and removes podman
+# networks while browser tests run beside it, and Chromium then aborts the requests in flight
+# (ERR_NETWORK_CHANGED), which htmx logs as a send error. That is not the console's doing; the
+# test's own assertions still decide whether what it asked for happened.
+HOST_NETWORK_CHANGED = "net::ERR_NETWORK_CHANGED"
+HTMX_SEND_ERRORS = ("htmx:sendError", "htmx:afterRequest")
+
+
 @pytest.fixture
 def browser_context(chromium, request):
     """A fresh browser context; its pages accept confirmations like a user clicking OK, and the
@@ -42,6 +50,12 @@ def browser_context(chromium, request):
     yield open_page
     for context in contexts:
         context.close()
+    if any(HOST_NETWORK_CHANGED in problem for problem in problems):
+        problems = [
+            problem
+            for problem in problems
+            if HOST_NETWORK_CHANGED not in problem and not problem.startswith(HTMX_SEND_ERRORS)
+        ]
     assert [problem for problem in problems if not any(known in problem for known in expected)] == [], problems
 
 
