@@ -156,7 +156,7 @@ def list_artifacts(node_id: str):
 def delete_artifact(artifact_id: str):
     """J5: 409 ARTIFACT_IN_USE while a deployment that is not stopped or an unfinished runtime job
     uses it; otherwise the agent removes the files and the artifact leaves the node's list."""
-    job, _ = queue.request_delete(artifact_id)
+    job = queue.request_delete(artifact_id)
     return json_response(job.to_dict(), 202)
 
 

@@ -400,7 +400,7 @@ def delete_artifact(node_id: str, artifact_id: str):
         raise DomainError(
             "ARTIFACT_NOT_FOUND", f"Node {node_id} has no artifact {artifact_id}.", "Reload the node page."
         )
-    job, _ = queue.request_delete(artifact.id)
+    job = queue.request_delete(artifact.id)
     if not is_htmx_fragment_request():
         return _back_to_node(node_id, f"Deleting {artifact.repo_id} from the node (job {job.id[:8]}).")
     return render_template("partials/_node_artifacts.html", node=get_node(node_id), **_artifacts_context(node_id))

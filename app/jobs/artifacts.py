@@ -128,11 +128,8 @@ def refuse_if_in_use(artifact: Artifact) -> None:
         )
 
 
-def forget(job: Job) -> None:
+def forget(artifact: Artifact, job: Job) -> None:
     """J5: the agent removed the files; the artifact leaves the node's list (the job keeps its result)."""
-    artifact = db.session.get(Artifact, job.artifact_id) if job.artifact_id else None
-    if artifact is None:
-        return
     audit.record(
         audit.agent_actor(job.node_id), "artifact.deleted", job.node_id,
         artifact_id=artifact.id, repo_id=artifact.repo_id, commit=artifact.commit, job_id=job.id,

@@ -73,13 +73,13 @@ def _artifact_on(node_id: str, artifact_id: str) -> Artifact:
     return artifact
 
 
-def request_delete(artifact_id: str) -> tuple[Job, bool]:
-    """J5: DELETE …/artifacts/{id}: its delete job, new (True) or the one already queued or running."""
+def request_delete(artifact_id: str) -> Job:
+    """J5: DELETE …/artifacts/{id}: its delete job, the one already queued or running, else a new one."""
     artifact = artifacts.get(artifact_id)
     pending = artifacts.deleting([artifact.id])
     if pending:
-        return db.session.get(Job, pending[artifact.id]), False
-    return create(DELETE, artifact.node_id, {"artifact_id": artifact.id}, max_attempts=DEFAULT_MAX_ATTEMPTS), True
+        return db.session.get(Job, pending[artifact.id])
+    return create(DELETE, artifact.node_id, {"artifact_id": artifact.id})
 
 
 def create(job_type: str, node_id: str, params: dict[str, object], max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Job:
@@ -377,12 +377,11 @@ def complete(report: Report, result: dict[str, object]) -> Job:
     if job.type == ACQUIRE:
         artifact = artifacts.record(job, result)
         stored |= {"artifact_id": artifact.id, "host_path": artifact.host_path}
-    elif job.type == DELETE and (artifact := db.session.get(Artifact, job.artifact_id or "")) is not None:
-        stored |= {"artifact_id": artifact.id, "repo_id": artifact.repo_id, "commit": artifact.commit}
-        artifacts.forget(job)
     elif job.artifact_id is not None and (artifact := db.session.get(Artifact, job.artifact_id)) is not None:
-        # W2: results are kept per node and model; the model's name outlives its artifact row.
+        # W2, J5: results are kept per node and model; the model's name outlives its artifact row.
         stored |= {"artifact_id": artifact.id, "repo_id": artifact.repo_id, "commit": artifact.commit}
+        if job.type == DELETE:
+            artifacts.forget(artifact, job)
     now = utcnow()
     finished = db.session.execute(
         _fenced(report).values(
