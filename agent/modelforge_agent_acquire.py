@@ -38,6 +38,7 @@ import urllib3.connection
 from huggingface_hub import utils as hub_utils
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 
+from modelforge_agent_gguf import describe_models
 from modelforge_node_agent import (
     ACQUIRE_JOB_TYPE,
     AGENT_VERSION,
@@ -1264,11 +1265,17 @@ class Acquisition:
         """The job's result (the control plane adds artifact_id and host_path)."""
         total = sum(remote.size for remote in files)
         self.report(Progress(total, total, len(files), len(files)))
+        fd = open_dir_chain(self.partial.root_fd, self.request.final_parts(self.commit), create=False)
+        try:
+            models = describe_models(fd, [remote.path for remote in files])  # S3: what each header says
+        finally:
+            os.close(fd)
         return {
             "commit": self.commit,
             "container_path": os.path.join(self.request.container_path, *self.request.final_parts(self.commit)),
             "files": len(files),
             "total_bytes": total,
+            "models": models,
         }
 
 

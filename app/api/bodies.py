@@ -28,6 +28,7 @@ from pydantic import (
     ValidationError,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 
 from app import rules
@@ -681,13 +682,50 @@ class ProgressRequest(Versions):
     progress: Progress
 
 
+HeaderCount = whole(1, 1 << 40)
+
+
+class ModelFacts(Body):
+    """S3: what one GGUF file's header says (agent/modelforge_agent_gguf.py), or `problem`: why the
+    header cannot be believed. A count the header leaves out is null."""
+
+    problem: text(500) | None = None
+    architecture: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_.-]{1,64}$")] | None = None
+    file_bytes: Bytes | None = None
+    block_count: HeaderCount | None = None
+    embedding_length: HeaderCount | None = None
+    feed_forward_length: HeaderCount | None = None
+    head_count: HeaderCount | None = None
+    head_count_kv: HeaderCount | None = None
+    key_length: HeaderCount | None = None
+    value_length: HeaderCount | None = None
+    context_length: HeaderCount | None = None
+    vocab_size: HeaderCount | None = None
+    tensor_count: Count | None = None
+    weights_bytes: Bytes | None = None
+    weights_by_type: (
+        Annotated[dict[Annotated[str, StringConstraints(pattern=r"^[A-Z0-9_]{1,16}$")], Bytes], Field(max_length=64)]
+        | None
+    ) = None
+    layer_bytes: Bytes | None = None
+    input_bytes: Bytes | None = None
+    other_bytes: Bytes | None = None
+
+    @model_validator(mode="after")
+    def _facts_or_problem(self) -> ModelFacts:
+        if self.problem is None and (self.architecture is None or self.weights_bytes is None):
+            raise ValueError("a model's facts need architecture and weights_bytes, or a problem")
+        return self
+
+
 class AcquireResult(Body):
-    """J3: what an acquire left on the node."""
+    """J3: what an acquire left on the node; S3: each GGUF file's header facts, by path."""
 
     commit: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40}$")]
     container_path: AbsolutePath
     files: Count
     total_bytes: Bytes
+    models: Annotated[dict[ModelFile, ModelFacts], Field(max_length=64)] | None = None
 
 
 Seconds = Annotated[float, Field(ge=0, le=10**9, allow_inf_nan=False)]

@@ -59,6 +59,12 @@ def record(job: Job, result: dict[str, object]) -> Artifact:
     artifact.host_path = posixpath.join(root.host_path, relative)
     artifact.files = int(result["files"])
     artifact.total_bytes = int(result["total_bytes"])
+    reported = result.get("models")  # S3: None from an agent older than the estimate
+    artifact.models = (
+        {path: {key: value for key, value in facts.items() if value is not None} for path, facts in reported.items()}
+        if isinstance(reported, dict)
+        else None
+    )
     artifact.verified_at = utcnow()
     artifact.job_id = job.id
     db.session.flush()

@@ -376,6 +376,7 @@ def complete(report: Report, result: dict[str, object]) -> Job:
     stored = dict(result)
     if job.type == ACQUIRE:
         artifact = artifacts.record(job, result)
+        stored.pop("models", None)  # kept once, with the artifact
         stored |= {"artifact_id": artifact.id, "host_path": artifact.host_path}
     elif job.artifact_id is not None and (artifact := db.session.get(Artifact, job.artifact_id)) is not None:
         # W2, J5: results are kept per node and model; the model's name outlives its artifact row.

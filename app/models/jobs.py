@@ -159,6 +159,8 @@ class Artifact(db.Model):
     files: Mapped[int] = mapped_column()
     total_bytes: Mapped[int] = mapped_column(sa.BigInteger)
     verified_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # S3: each GGUF file's header facts (or `problem`), by path, as the acquire job read them on the node.
+    models: Mapped[dict[str, dict[str, object]] | None] = mapped_column(sa.JSON)
     job_id: Mapped[str | None] = mapped_column(sa.ForeignKey("jobs.id", ondelete="SET NULL"))
 
     def to_dict(self) -> dict[str, object]:
@@ -177,4 +179,5 @@ class Artifact(db.Model):
             "total_bytes": self.total_bytes,
             "verified_at": isoformat(self.verified_at),
             "job_id": self.job_id,
+            "models": self.models,
         }

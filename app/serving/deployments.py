@@ -19,8 +19,7 @@ from app.errors import DomainError
 from app.extensions import db
 from app.jobs import artifacts, runtime
 from app.models import Artifact, Deployment, DeploymentState, NodeLease
-from app.nodes import get as get_node
-from app.nodes import refuse_if_draining
+from app.serving import placement
 from app.timeutil import utcnow
 
 log = logging.getLogger(__name__)
@@ -70,17 +69,6 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Which node serves a deployment, and why it was chosen (S3 adds the memory estimate)."""
-
-    node_id: str
-    why: str
-
-    def to_dict(self) -> dict[str, object]:
-        return {"node_id": self.node_id, "why": self.why}
-
-
-@dataclass(frozen=True)
 class Report:
     """What a node says of one of its deployments (the agent's status body, field for field)."""
 
@@ -119,32 +107,35 @@ def _name_taken(name: str) -> DomainError:
     )
 
 
-def place(artifact: Artifact, node_id: str | None) -> Placement:
-    """S3's seam: the node that will serve `artifact`, or NO_NODE_FITS naming the node and why.
+def place(request: Request, artifact: Artifact, exclude_deployment: str | None = None) -> placement.Verdict:
+    """S3: the node that will serve the request (named, or placed), or NO_NODE_FITS naming each node and why."""
+    ask = placement.Ask(
+        artifact=artifact,
+        model_file=request.model_file,
+        tier=request.tier,
+        context_length=request.context_length,
+        n_gpu_layers=request.n_gpu_layers,
+        exclude_deployment=exclude_deployment,
+    )
+    return placement.choose(ask, request.node_id)
 
-    For now the rules are that the node holds the artifact (its worker reads the file from its own
-    disk) and is not draining; eligibility by tier and the memory fit come with full placement.
-    """
-    refuse_if_draining(get_node(node_id or artifact.node_id))
-    if node_id is None:
-        return Placement(node_id=artifact.node_id, why="holds the artifact")
-    if node_id != artifact.node_id:
-        raise DomainError(
-            "NO_NODE_FITS",
-            f"Node {node_id} does not hold artifact {artifact.id} ({artifact.repo_id}); it lies on node "
-            f"{artifact.node_id}, and a deployment's worker reads the model from its own node's disk.",
-            "Leave node_id out to place it on the node that holds the artifact, or acquire the model onto "
-            f"node {node_id} first.",
-            field="node_id",
-        )
-    return Placement(node_id=node_id, why="named by the operator")
+
+def _placement_record(chosen: placement.Verdict, named: bool) -> dict[str, object]:
+    """What the deployment keeps of its placement: where, why, and the estimate (S3)."""
+    return {
+        "node_id": chosen.node_id,
+        "why": ("named by the operator; " if named else "placed; ") + chosen.reason,
+        "estimate": chosen.estimate.to_dict() if chosen.estimate else None,
+        "raw_resident_bytes": chosen.raw_resident_bytes,
+        "free_bytes": chosen.free_bytes,
+    }
 
 
 def create(request: Request, actor: str = audit.OPERATOR) -> Deployment:
     """Create a deployment in `pending` on its node; the node's next heartbeat reply lists it."""
     artifact = artifacts.get(request.artifact_id)
     artifacts.refuse_if_deleting(artifact)
-    placement = place(artifact, request.node_id)
+    chosen = place(request, artifact)
     if db.session.scalar(
         sa.select(Deployment.id).where(Deployment.name == request.name, Deployment.state != DeploymentState.STOPPED)
     ):
@@ -152,15 +143,15 @@ def create(request: Request, actor: str = audit.OPERATOR) -> Deployment:
     now = utcnow()
     deployment = Deployment(
         name=request.name,
-        node_id=placement.node_id,
-        artifact_id=artifact.id,
+        node_id=chosen.node_id,
+        artifact_id=chosen.artifact_id or artifact.id,
         model_file=request.model_file,
         tier=request.tier,
         context_length=request.context_length,
         n_gpu_layers=request.n_gpu_layers,
         idle_unload_seconds=request.idle_unload_seconds,
         state=DeploymentState.PENDING,
-        placement=placement.to_dict(),
+        placement=_placement_record(chosen, request.node_id is not None),
         created_at=now,
         updated_at=now,
     )
@@ -170,8 +161,15 @@ def create(request: Request, actor: str = audit.OPERATOR) -> Deployment:
     except IntegrityError:  # another request took the name between the check and the insert
         db.session.rollback()
         raise _name_taken(request.name) from None
-    _changed(placement.node_id)
-    _audit(deployment, "created", actor, artifact_id=artifact.id, model_file=request.model_file, tier=request.tier)
+    _changed(chosen.node_id)
+    _audit(
+        deployment,
+        "created",
+        actor,
+        artifact_id=deployment.artifact_id,
+        model_file=request.model_file,
+        tier=request.tier,
+    )
     db.session.commit()
     return deployment
 

@@ -83,15 +83,19 @@ def test_a_deployment_is_loaded_by_the_node_and_survives_a_worker_restart(
     assert "deployments: tiny (ready)" in agent.log()
 
 
-def test_a_deployment_of_a_file_the_node_did_not_verify_fails_without_reaching_the_worker(
+def test_a_deployment_of_a_file_the_node_did_not_verify_is_refused_before_reaching_the_node(
     tmp_path, socket_dir, jobs_server, hub, model_repo
 ):
+    """S3: the node listed each GGUF file it verified (with its header) when it acquired the
+    artifact, so a file it does not hold is refused at once, naming the node and why."""
     agent, worker, node_id, artifact_id = runtime_node(tmp_path, socket_dir, jobs_server, hub, model_repo)
     wait_capabilities(jobs_server, node_id, {SERVE})
-    created = create(jobs_server, artifact_id, "missing", "missing.gguf")
-    failed = wait_state(jobs_server, created["id"], {"failed", "ready"})
-    assert failed["state"] == "failed" and failed["error"]["code"] == "MODEL_FILE_INVALID", failed
-    assert failed["error"]["next_step"]
+    body = {"name": "missing", "artifact_id": artifact_id, "model_file": "missing.gguf"}
+    refused = api(jobs_server, "POST", "/api/v1/admin/deployments", json=body)
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "NO_NODE_FITS", refused.text
+    (verdict,) = refused.json()["nodes"]
+    assert verdict["node_id"] == node_id and verdict["reason"] == "its artifact has no GGUF file 'missing.gguf'"
+    assert api(jobs_server, "GET", "/api/v1/admin/deployments").json()["deployments"] == []
     assert worker_deployments(worker) == {}
 
 

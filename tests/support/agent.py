@@ -46,7 +46,13 @@ def mint_token(url: str, verify: bool | str = True) -> dict:
     """Mint an enrolment token through the admin API."""
     response = requests.post(
         url + "/api/v1/admin/node-enrollments",
-        json={"display_name": "agent under test", "expires_in_seconds": 900},
+        # A node under test takes lab deployments and benchmarks (S3).
+        json={
+            "display_name": "agent under test",
+            "expires_in_seconds": 900,
+            "lab_eligible": True,
+            "benchmark_eligible": True,
+        },
         headers=ADMIN,
         timeout=10,
         verify=verify,

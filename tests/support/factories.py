@@ -97,9 +97,9 @@ def mint(client, **overrides: object) -> dict[str, object]:
     return response.get_json()
 
 
-def enrolled_node(client, **overrides: object) -> dict[str, object]:
-    """Mint and claim; returns the enrol 201 body plus the token used."""
-    token = mint(client)["token"]
+def enrolled_node(client, eligibility: dict[str, bool] | None = None, **overrides: object) -> dict[str, object]:
+    """Mint (with these eligibility flags) and claim; returns the enrol 201 body plus the token used."""
+    token = mint(client, **(eligibility or {}))["token"]
     response = client.post("/api/v1/agent/enroll", json=enroll_body(token, **overrides))
     assert response.status_code == 201, response.get_json()
     return {**response.get_json(), "token": token}

@@ -28,10 +28,15 @@ def beat(client, node: dict, **extra) -> dict:
     return response.get_json()
 
 
+# A node under test takes lab deployments and benchmarks (S3); production stays behind its evidence.
+WORKING_NODE = {"lab_eligible": True, "benchmark_eligible": True}
+
+
 def online_node(client, hostname: str | None = None, inventory: bool = True, **facts: object) -> dict:
-    """An enrolled node that published an inventory (unless `inventory` is False; `facts` as in
-    publish_inventory) and one heartbeat. Returns the enrol reply plus "id" and "auth"."""
-    enrolled = factories.enrolled_node(client, **({} if hostname is None else {"hostname": hostname}))
+    """An enrolled node (lab- and benchmark-eligible) that published an inventory (unless `inventory`
+    is False; `facts` as in publish_inventory) and one heartbeat. Returns the enrol reply plus "id"
+    and "auth"."""
+    enrolled = factories.enrolled_node(client, WORKING_NODE, **({} if hostname is None else {"hostname": hostname}))
     node = {**enrolled, "id": enrolled["node_id"], "auth": factories.bearer(enrolled["credential"])}
     if inventory:
         publish_inventory(client, node, **facts)

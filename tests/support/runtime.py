@@ -3,8 +3,14 @@ artifact left by a real acquire job."""
 
 from __future__ import annotations
 
+import functools
+import os
+import tempfile
+
+from modelforge_agent_gguf import describe_file
 from tests.support import ACQUIRE, ADMIN
-from tests.support.nodes import agent
+from tests.support.nodes import agent, online_node
+from tests.support.tiny_gguf import write_tiny_llama
 
 COMMIT = "b" * 40
 
@@ -33,13 +39,37 @@ def worker(protocol_version: object = 1, worker_version: str = "0.1.0") -> dict[
     }
 
 
+@functools.cache
+def tiny_facts() -> dict[str, object]:
+    """What the agent reads from tiny.gguf's header (S3): a real tiny model's, written once."""
+    with tempfile.TemporaryDirectory() as directory:
+        write_tiny_llama(os.path.join(directory, "tiny.gguf"))
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return describe_file(fd, "tiny.gguf")
+        finally:
+            os.close(fd)
+
+
+def serving_node(client, hostname: str | None = None, **facts: object) -> dict:
+    """An online node (tests.support.nodes.online_node) whose agent relays a compatible worker (CPU
+    unless `runtime_worker` says otherwise)."""
+    return online_node(client, hostname, **{"runtime_worker": worker(), **facts})
+
+
 def acquired_artifact(client, node) -> dict:
-    """An artifact on the node, left by a real acquire job (J3)."""
+    """An artifact on the node, left by a real acquire job (J3), with tiny.gguf's header facts (S3)."""
     body = {"name": "models", "host_path": "/mnt/models", "container_path": ROOT_PATH, "min_free_bytes": 0}
     root = client.post(f"/api/v1/admin/nodes/{node['id']}/storage-roots", json=body, headers=ADMIN).get_json()
     job = create(client, ACQUIRE, node["id"], {"repo_id": "owner/tiny-gguf", "storage_root_id": root["id"]}).get_json()
     assert agent(client, node, "jobs/claim", capabilities=[ACQUIRE]).get_json()["job"]["id"] == job["id"]
-    result = {"commit": COMMIT, "container_path": ARTIFACT_PATH, "files": 2, "total_bytes": 402112}
+    result = {
+        "commit": COMMIT,
+        "container_path": ARTIFACT_PATH,
+        "files": 2,
+        "total_bytes": 402112,
+        "models": {"tiny.gguf": tiny_facts()},
+    }
     assert agent(client, node, f"jobs/{job['id']}/complete", attempt=1, result=result).status_code == 200
     return client.get(f"/api/v1/admin/nodes/{node['id']}/artifacts", headers=ADMIN).get_json()["artifacts"][0]
 

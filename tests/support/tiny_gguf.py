@@ -42,13 +42,15 @@ WORDS = (
 PIECES = ("er", "on", "an", "re", "in", "th", "es", "or", "ing", "ed")
 
 
-def vocabulary(*, byte_tokens: bool = True, repeat: str | None = None) -> tuple[list[str], list[float], list[int]]:
+def vocabulary(
+    *, byte_tokens: bool = True, repeat: str | None = None, extra: int = 0
+) -> tuple[list[str], list[float], list[int]]:
     """An SPM vocabulary: control tokens, 256 byte fallbacks, then letters, pieces and words.
 
     llama.cpp needs every `<0xNN>` byte token and the bare `▁` here, or it aborts on the first
     prompt character it cannot spell (a newline); and it aborts on a token listed twice. The
     hostile writers below ask for exactly that: `byte_tokens=False` leaves the byte tokens out,
-    `repeat` lists that piece a second time.
+    `repeat` lists that piece a second time. `extra` adds that many words, for a larger model.
     """
     tokens = ["<unk>", "<s>", "</s>"]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
@@ -58,6 +60,7 @@ def vocabulary(*, byte_tokens: bool = True, repeat: str | None = None) -> tuple[
     normal = [SPACE, *string.ascii_letters, *string.digits, *".,!?;:'-()"]
     normal += [SPACE + letter for letter in string.ascii_lowercase]
     normal += list(PIECES) + [SPACE + word for word in WORDS]
+    normal += [f"{SPACE}w{index}" for index in range(extra)]  # a larger vocabulary, for size
     assert len(set(normal)) == len(normal), "llama.cpp aborts on a vocabulary with a repeated token"
     if repeat is not None:
         assert repeat in normal, repeat
@@ -70,9 +73,28 @@ def vocabulary(*, byte_tokens: bool = True, repeat: str | None = None) -> tuple[
     return tokens, scores, [int(kind) for kind in types]
 
 
+# The weight types a model can be written in (S3's estimate is checked against F16 and Q8_0 too);
+# norms stay F32, as converters leave them.
+WEIGHT_TYPES = {
+    "F32": gguf.GGMLQuantizationType.F32,
+    "F16": gguf.GGMLQuantizationType.F16,
+    "Q8_0": gguf.GGMLQuantizationType.Q8_0,
+}
+FILE_TYPES = {
+    "F32": gguf.LlamaFileType.ALL_F32,
+    "F16": gguf.LlamaFileType.MOSTLY_F16,
+    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+}
+
+
 def _weights(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     """A (rows, cols) float32 matrix of small random weights (GGUF stores it as cols × rows)."""
-    return (rng.standard_normal((rows, cols)) * WEIGHT_SCALE).astype(np.float32)
+    return (rng.standard_normal((rows, cols), dtype=np.float32) * WEIGHT_SCALE).astype(np.float32)
+
+
+def _add_matrix(writer: gguf.GGUFWriter, name: str, matrix: np.ndarray, weight_type: str) -> None:
+    qtype = WEIGHT_TYPES[weight_type]
+    writer.add_tensor(name, gguf.quants.quantize(matrix, qtype), raw_dtype=qtype)
 
 
 def write_tiny_llama(
@@ -85,29 +107,38 @@ def write_tiny_llama(
     repeat: str | None = None,
     block_count: int | None = None,
     chat_template: str | None = None,
+    n_head: int = N_HEAD,
+    n_head_kv: int | None = None,
+    n_ff: int = N_FF,
+    extra_vocab: int = 0,
+    weight_type: str = "F32",
 ) -> Path:
     """Write a random-weight llama GGUF to ``path``; the same seed gives the same bytes.
 
     `byte_tokens` and `repeat` shape the vocabulary (see vocabulary()); `block_count` is the layer
     count the metadata claims, `n_layer` by default (the tensors are always `n_layer`'s);
-    `chat_template` is stored as the model's Jinja chat template.
+    `chat_template` is stored as the model's Jinja chat template. The rest size the model, for
+    tests of memory estimates (S3): heads, KV heads (grouped-query attention when fewer), the
+    feed-forward width, extra vocabulary, and the matrices' type (WEIGHT_TYPES).
     """
+    n_head_kv = n_head if n_head_kv is None else n_head_kv
+    head_dim = n_embd // n_head
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens, scores, types = vocabulary(byte_tokens=byte_tokens, repeat=repeat)
+    tokens, scores, types = vocabulary(byte_tokens=byte_tokens, repeat=repeat, extra=extra_vocab)
     n_vocab = len(tokens)
     n_special = 3 + (256 if byte_tokens else 0)
 
     writer = gguf.GGUFWriter(path, ARCHITECTURE)
     writer.add_name(f"modelforge-tiny-llama-seed{seed}")
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_file_type(FILE_TYPES[weight_type])
     writer.add_context_length(CONTEXT_LENGTH)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layer if block_count is None else block_count)
-    writer.add_feed_forward_length(N_FF)
-    writer.add_head_count(N_HEAD)
-    writer.add_head_count_kv(N_HEAD)
-    writer.add_rope_dimension_count(n_embd // N_HEAD)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(n_vocab)
@@ -124,22 +155,23 @@ def write_tiny_llama(
         writer.add_chat_template(chat_template)
 
     ones = np.ones(n_embd, dtype=np.float32)
-    writer.add_tensor("token_embd.weight", _weights(rng, n_vocab, n_embd))
+    _add_matrix(writer, "token_embd.weight", _weights(rng, n_vocab, n_embd), weight_type)
+    kv_width = n_head_kv * head_dim
     for layer in range(n_layer):
         block = f"blk.{layer}"
         writer.add_tensor(f"{block}.attn_norm.weight", ones)
-        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            writer.add_tensor(f"{block}.{name}.weight", _weights(rng, n_embd, n_embd))
+        for name, rows in (("attn_q", n_embd), ("attn_k", kv_width), ("attn_v", kv_width), ("attn_output", n_embd)):
+            _add_matrix(writer, f"{block}.{name}.weight", _weights(rng, rows, n_embd), weight_type)
         writer.add_tensor(f"{block}.ffn_norm.weight", ones)
-        writer.add_tensor(f"{block}.ffn_gate.weight", _weights(rng, N_FF, n_embd))
-        writer.add_tensor(f"{block}.ffn_up.weight", _weights(rng, N_FF, n_embd))
-        writer.add_tensor(f"{block}.ffn_down.weight", _weights(rng, n_embd, N_FF))
+        _add_matrix(writer, f"{block}.ffn_gate.weight", _weights(rng, n_ff, n_embd), weight_type)
+        _add_matrix(writer, f"{block}.ffn_up.weight", _weights(rng, n_ff, n_embd), weight_type)
+        _add_matrix(writer, f"{block}.ffn_down.weight", _weights(rng, n_embd, n_ff), weight_type)
     writer.add_tensor("output_norm.weight", ones)
     output = _weights(rng, n_vocab, n_embd) * 4
     # Control and byte tokens get zero logits, so greedy decoding picks readable pieces and never
     # stops early: generated text is printable and every completion runs to max_tokens.
     output[:n_special] = 0.0
-    writer.add_tensor("output.weight", output)
+    _add_matrix(writer, "output.weight", output, weight_type)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

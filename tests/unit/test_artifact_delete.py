@@ -8,8 +8,8 @@ import sqlalchemy as sa
 from app.extensions import db
 from app.models import AuditEvent
 from tests.support import ADMIN, BENCHMARK
-from tests.support.nodes import agent, online_node
-from tests.support.runtime import ARTIFACT_PATH, acquired_artifact, create
+from tests.support.nodes import agent
+from tests.support.runtime import ARTIFACT_PATH, acquired_artifact, create, serving_node
 
 DELETE = "artifact.delete.v1"
 DEPLOYMENTS = "/api/v1/admin/deployments"
@@ -20,7 +20,7 @@ def listed(client, node) -> list[dict]:
 
 
 def test_an_artifact_in_use_is_refused_then_deleted_by_its_node_and_leaves_the_list(app, client):
-    node = online_node(client)
+    node = serving_node(client)
     artifact = acquired_artifact(client, node)
     body = {"name": "in-use", "artifact_id": artifact["id"], "model_file": "tiny.gguf"}
     deployment = client.post(DEPLOYMENTS, json=body, headers=ADMIN).get_json()
@@ -63,7 +63,7 @@ def test_an_artifact_in_use_is_refused_then_deleted_by_its_node_and_leaves_the_l
 
 
 def test_a_failed_delete_leaves_the_artifact_listed_and_it_can_be_asked_again(client):
-    node = online_node(client)
+    node = serving_node(client)
     artifact = acquired_artifact(client, node)
     job = client.delete(f"/api/v1/admin/artifacts/{artifact['id']}", headers=ADMIN).get_json()
     agent(client, node, "jobs/claim", capabilities=[DELETE])

@@ -9,8 +9,8 @@ import pytest
 
 from tests.support import ADMIN
 from tests.support.console import HTMX, htmx_post
-from tests.support.nodes import agent, online_node
-from tests.support.runtime import acquired_artifact
+from tests.support.nodes import agent
+from tests.support.runtime import acquired_artifact, serving_node
 
 PAGE = "/deployments"
 MEASURED = {"load_seconds": 0.75, "memory_bytes": 300 * 2**20, "context_length": 2048}
@@ -18,7 +18,7 @@ MEASURED = {"load_seconds": 0.75, "memory_bytes": 300 * 2**20, "context_length":
 
 @pytest.fixture
 def node(client):
-    return online_node(client)
+    return serving_node(client)
 
 
 @pytest.fixture
@@ -82,9 +82,14 @@ def test_deploying_from_the_form_creates_it_pending_and_its_page_follows_it_to_r
     assert 'data-state="ready"' in live and 'data-polling="false"' in live and "hx-trigger" not in live
     assert 'data-testid="deployment-load">0.75 s<' in live and 'data-testid="deployment-context">2048<' in live
     assert "300" in live and "MiB" in live
+    # S3: the header's estimate beside what was measured, and how far apart they are.
+    planned = created["placement"]["estimate"]
+    estimate = re.search(r'data-testid="deployment-estimate">(.*?)</dd>', live, re.S).group(1)
+    assert "from the GGUF header" in estimate and "at its peak" in estimate
+    assert f"measured {(MEASURED['memory_bytes'] / planned['resident_bytes'] - 1) * 100:+.1f}% against it" in estimate
     table = console.get(PAGE).get_data(as_text=True)
     row = re.search(rf'<tr data-deployment-id="{created["id"]}" data-state="ready">.*?</tr>', table, re.S).group(0)
-    assert "tiny.gguf" in row and "0.75 s" in row
+    assert "tiny.gguf" in row and "0.75 s" in row and "(est. " in row
 
 
 def test_a_failed_deployment_shows_the_code_and_the_next_step(console, node, artifact):

@@ -27,7 +27,7 @@ from app.timeutil import isoformat, parse_rfc3339, utcnow
 from tests.support import ACQUIRE, ADMIN, factories
 from tests.support.console import HTMX, htmx_post
 from tests.support.nodes import online_node
-from tests.support.runtime import acquired_artifact
+from tests.support.runtime import acquired_artifact, serving_node
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HOST_PATH = "/mnt/cache/appdata/modelforge/model-registry"
@@ -610,7 +610,7 @@ def test_nothing_in_the_console_changes_a_root_of_an_unknown_node(app, console):
 def test_an_artifact_is_deleted_from_the_node_page_behind_a_confirmation_and_refused_while_deployed(console):
     """J5: the artifacts table's Delete asks first, names what holds an artifact in use, and shows
     the delete job while it runs."""
-    node = online_node(console)
+    node = serving_node(console)
     artifact = acquired_artifact(console, node)
     page = console.get(f"/hardware/nodes/{node['id']}").get_data(as_text=True)
     assert "Its files (" in page and "are removed from the disk" in page  # the hx-confirm

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from app.extensions import db
 from app.models import AuditEvent
 from tests.support import ADMIN
-from tests.support.nodes import agent, beat, online_node
-from tests.support.runtime import ARTIFACT_PATH, acquired_artifact
+from tests.support.nodes import agent, beat
+from tests.support.runtime import ARTIFACT_PATH, acquired_artifact, serving_node, tiny_facts
 
 DEPLOYMENTS = "/api/v1/admin/deployments"
 FIELDS = {
@@ -40,7 +40,7 @@ MEASURED = {"load_seconds": 1.25, "memory_bytes": 512 * 2**20, "context_length":
 
 @pytest.fixture
 def node(client):
-    return online_node(client)
+    return serving_node(client)
 
 
 @pytest.fixture
@@ -99,7 +99,14 @@ def test_create_answers_pending_on_the_node_that_holds_the_artifact_with_why(app
     assert set(created) == FIELDS
     assert created["state"] == "pending"
     assert created["node_id"] == node["id"]
-    assert created["placement"] == {"node_id": node["id"], "why": "holds the artifact"}
+    placement = created["placement"]
+    assert placement["node_id"] == node["id"]
+    assert placement["why"].startswith("placed; fits: needs 0.1 GiB of 64.0 GiB free")
+    estimate = placement["estimate"]  # S3: from tiny.gguf's header, at its own context (2,048)
+    assert estimate["context_length"] == 2048 and estimate["on_gpu"] is False
+    assert estimate["parts"]["weights"] == tiny_facts()["weights_bytes"]
+    assert estimate["resident_bytes"] < estimate["peak_bytes"] < 128 * 2**20
+    assert placement["free_bytes"] == 64 * 2**30  # nothing else deployed on it
     assert (created["tier"], created["idle_unload_seconds"]) == ("lab", 900)
     assert created["context_length"] is None and created["n_gpu_layers"] is None
     assert created["error"] is None and created["measured"] is None and created["ready_at"] is None
@@ -109,13 +116,27 @@ def test_create_answers_pending_on_the_node_that_holds_the_artifact_with_why(app
 
 
 def test_a_node_named_by_the_operator_is_placed_there_when_it_holds_the_artifact(client, node, artifact):
-    created = deployed(client, artifact, node_id=node["id"], tier="production", context_length=4096, n_gpu_layers=0)
-    assert created["placement"] == {"node_id": node["id"], "why": "named by the operator"}
-    assert (created["tier"], created["context_length"], created["n_gpu_layers"]) == ("production", 4096, 0)
+    created = deployed(client, artifact, node_id=node["id"], context_length=4096, n_gpu_layers=0)
+    assert created["placement"]["why"].startswith("named by the operator; fits: needs")
+    assert created["placement"]["estimate"]["context_length"] == 4096
+    assert (created["tier"], created["context_length"], created["n_gpu_layers"]) == ("lab", 4096, 0)
+
+
+def test_the_production_tier_needs_a_production_eligible_node_named_or_not(app, client, node, artifact):
+    before = snapshot(app)
+    for named in ({}, {"node_id": node["id"]}):
+        refused = deploy(client, artifact, tier="production", **named)
+        assert refused.status_code == 409
+        error = refused.get_json()["error"]
+        assert error["code"] == "NO_NODE_FITS"
+        (verdict,) = refused.get_json()["nodes"]
+        assert verdict["node_id"] == node["id"] and verdict["fits"] is False
+        assert verdict["reason"] == "not eligible for the production tier (production_eligible is false)"
+    assert snapshot(app) == before
 
 
 def test_a_named_node_that_does_not_hold_the_artifact_is_refused_naming_it(app, client, artifact):
-    other = online_node(client, hostname="other-node")
+    other = serving_node(client, hostname="other-node")
     before = snapshot(app)
     refused = deploy(client, artifact, node_id=other["id"])
     assert refused.status_code == 409
@@ -218,7 +239,7 @@ def test_the_heartbeat_carries_deployments_only_when_the_etag_differs(client, no
 
 def test_another_nodes_deployments_are_not_in_its_heartbeat(client, artifact):
     deployed(client, artifact)
-    other = online_node(client, hostname="other-node")
+    other = serving_node(client, hostname="other-node")
     assert beat(client, other)["deployments"] == []
 
 
@@ -279,7 +300,7 @@ def test_a_ready_deployment_whose_worker_restarted_goes_back_to_loading(client, 
 
 def test_another_nodes_report_is_not_found_and_changes_nothing(app, client, artifact):
     created = deployed(client, artifact)
-    other = online_node(client, hostname="other-node")
+    other = serving_node(client, hostname="other-node")
     before = snapshot(app)
     refused = status(client, other, created["id"], "ready")
     assert refused.status_code == 404
@@ -336,7 +357,7 @@ def test_ids_that_are_not_uuids_are_not_found(client, node):
 
 def test_the_list_filters_by_node(client, node, artifact):
     created = deployed(client, artifact)
-    other = online_node(client, hostname="other-node")
+    other = serving_node(client, hostname="other-node")
     mine = client.get(DEPLOYMENTS, query_string={"node_id": node["id"]}, headers=ADMIN).get_json()
     assert [item["id"] for item in mine["deployments"]] == [created["id"]]
     theirs = client.get(DEPLOYMENTS, query_string={"node_id": other["id"]}, headers=ADMIN).get_json()

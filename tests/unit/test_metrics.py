@@ -18,8 +18,7 @@ from app.models import Deployment, Gpu, Job, Node, NodeLease, TelemetrySample
 from app.timeutil import utcnow
 from tests.support import ADMIN, OPERATOR_KEY, app_env, factories
 from tests.support.metrics import publish, scrape
-from tests.support.nodes import online_node
-from tests.support.runtime import acquired_artifact
+from tests.support.runtime import acquired_artifact, serving_node
 
 METRICS_TOKEN = "mft-" + "m" * 40
 GPU_A = "GPU-00000000-0000-0000-0000-00000000000a"
@@ -174,7 +173,7 @@ def test_jobs_are_counted_by_type_and_state(app, client):
 
 
 def test_deployments_are_counted_by_state_and_each_live_one_has_its_state(app, client):
-    node = online_node(client)
+    node = serving_node(client)
     artifact = acquired_artifact(client, node)
     for name, state in [("chat", "ready"), ("code", "loading"), ("old", "stopped")]:
         body = {"name": name, "artifact_id": artifact["id"], "model_file": "tiny.gguf"}

@@ -10,7 +10,7 @@ from app.models import AuditEvent
 from tests.support import ACQUIRE, ADMIN
 from tests.support.jobs import add_job, add_root, claim
 from tests.support.nodes import agent, beat, online_node
-from tests.support.runtime import acquired_artifact
+from tests.support.runtime import acquired_artifact, serving_node
 
 COMMIT = "b" * 40
 
@@ -72,13 +72,17 @@ def test_a_draining_node_finishes_its_running_job_takes_no_new_one_and_picks_up_
 
 
 def test_a_deployment_on_a_draining_node_is_refused_and_nothing_is_stored(app, client):
-    node = online_node(client)
+    node = serving_node(client)
     artifact = acquired_artifact(client, node)
     drain(client, node)
     body = {"name": "drained-chat", "artifact_id": artifact["id"], "model_file": "tiny.gguf"}
-    for named in ({}, {"node_id": node["id"]}):
-        refused = client.post("/api/v1/admin/deployments", json={**body, **named}, headers=ADMIN)
-        assert refused.status_code == 409 and refused.get_json()["error"]["code"] == "NODE_DRAINING"
+    named = client.post("/api/v1/admin/deployments", json={**body, "node_id": node["id"]}, headers=ADMIN)
+    assert named.status_code == 409 and named.get_json()["error"]["code"] == "NODE_DRAINING"
+    placed = client.post("/api/v1/admin/deployments", json=body, headers=ADMIN)  # S3: placed, it is a reason
+    assert placed.status_code == 409 and placed.get_json()["error"]["code"] == "NO_NODE_FITS"
+    assert [(each["node_id"], each["reason"]) for each in placed.get_json()["nodes"]] == [
+        (node["id"], "node is draining")
+    ]
     assert client.get("/api/v1/admin/deployments", headers=ADMIN).get_json()["deployments"] == []
     drain(client, node, undo=True)
     assert client.post("/api/v1/admin/deployments", json=body, headers=ADMIN).status_code == 201

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support import ADMIN
-from tests.support.nodes import agent, online_node
-from tests.support.runtime import acquired_artifact
+from tests.support.nodes import agent
+from tests.support.runtime import acquired_artifact, serving_node
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "Hello"}]
@@ -25,7 +25,7 @@ def key(client) -> str:
 
 @pytest.fixture
 def node(client):
-    return online_node(client)
+    return serving_node(client)
 
 
 def deploy(client, node, name: str = "tiny-chat", state: str | None = "ready") -> dict:

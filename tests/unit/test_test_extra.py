@@ -20,6 +20,7 @@ FIRST_PARTY = {
     "modelforge_agent_acquire",
     "modelforge_agent_runtime",
     "modelforge_agent_artifacts",
+    "modelforge_agent_gguf",
     "modelforge_runtime_worker",
     "pynvml",
     "wsgi",
