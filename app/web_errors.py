@@ -58,6 +58,7 @@ STATUS_BY_CODE = {
     "ARTIFACT_DELETING": 409,  # J5: its files are being removed
     "DEPLOYMENT_NAME_TAKEN": 409,  # S2: a deployment that is not stopped holds the name
     "NO_NODE_FITS": 409,
+    "DEPLOYMENT_NOT_MOVABLE": 409,  # S3: stopping or stopped, or already on the node named
     "model_not_found": 404,  # S4: OpenAI's own code, as its clients expect it
     "DEPLOYMENT_NOT_READY": 503,  # S4: loading, or failed; the message says which
     "NODE_UNAVAILABLE": 503,  # S5: the serving node has no relay connection now

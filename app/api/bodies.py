@@ -537,6 +537,14 @@ class DeploymentCreate(Body):
     idle_unload_seconds: bounded(deployments.IDLE_UNLOAD_SECONDS) = deployments.IDLE_UNLOAD_SECONDS.default
 
 
+class DeploymentMove(Body):
+    """S3: move a deployment; without node_id it is placed on the best node but its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: Uuid | None = None
+
+
 class BenchmarkParams(Body):
     """W2: measure a GGUF model of one of the node's artifacts as llama-bench does."""
 

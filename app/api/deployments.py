@@ -69,3 +69,20 @@ def delete_deployment(deployment_id: str):
     """S2: ask the node to stop it; deleting it again answers its current state, unchanged."""
     deployment = deployments.delete(deployment_id)
     return json_response(deployment.to_dict(), 200 if deployment.state == "stopped" else 202)
+
+
+@operations.post(
+    "/admin/deployments/<deployment_id>/move",
+    "Serve a deployment from another node, e.g. off a draining one (S3)",
+    description="Placed by the same rules as a new deployment on any node but its own (or on `node_id`), "
+    "`pending` there; its old node stops it. 409 NO_NODE_FITS names each node and why; 409 "
+    "DEPLOYMENT_NOT_MOVABLE when it is stopping or stopped.",
+    body=bodies.DeploymentMove,
+    replies={200: (replies.Deployment, "Moved: pending on its new node")},
+    errors=(400, 401, 404, 409, 413, 415),
+)
+@admin_required
+def move_deployment(deployment_id: str):
+    """S3: the deployment, pending on the node it moved to."""
+    body = bodies.parse(bodies.DeploymentMove, json_object())
+    return json_response(deployments.move(deployment_id, body.node_id).to_dict())

@@ -9,7 +9,7 @@ session instead of a client key (static/console.js reads it; no inline script, C
 from __future__ import annotations
 
 import sqlalchemy as sa
-from flask import flash, redirect, url_for
+from flask import flash, redirect, render_template, request, url_for
 
 from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.auth import login_required
@@ -18,7 +18,7 @@ from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Artifact, DeploymentState, Node
-from app.serving import answers, completions, deployments
+from app.serving import answers, completions, deployments, placement
 from app.timeutil import utcnow
 from app.web_errors import STATUS_BY_CODE
 
@@ -59,6 +59,33 @@ def deployments_page():
     return _list()
 
 
+@bp.get("/deployments/preview")
+@login_required
+def deployment_preview():
+    """S3: where the deploy form's model would go, and why each other node would not take it, as the
+    form is filled in (nothing is stored)."""
+    begin_read_only()
+    names = _node_names()
+    form = DeploymentForm(_artifacts(), names, formdata=request.args, meta={"csrf": False})
+    form.validate()
+    wanted = ("artifact_id", "model_file", "node_id", "tier", "context_length")
+    problems = [error for name in wanted for error in getattr(form, name).errors]
+    verdicts = []
+    if not problems:
+        ask = form.request()
+        verdicts = placement.judge_all(
+            placement.Ask(
+                artifact=db.session.get(Artifact, ask.artifact_id),
+                model_file=ask.model_file,
+                tier=ask.tier,
+                context_length=ask.context_length,
+                n_gpu_layers=ask.n_gpu_layers,
+            ),
+            ask.node_id,
+        )
+    return render_template("partials/_placement_preview.html", verdicts=verdicts, problems=problems)
+
+
 @bp.post("/deployments")
 @login_required
 def deployment_create():
@@ -70,8 +97,8 @@ def deployment_create():
         return _list(422, form=form)
     try:
         created = deployments.create(form.request())
-    except DomainError as refusal:  # a taken name (or, later, no node that fits): under its field, with its next step
-        field = form.name if refusal.extra.get("field") == "name" else form.artifact_id
+    except DomainError as refusal:  # a taken name, or no node that fits: under its field, with its next step
+        field = {"name": form.name, "node_id": form.node_id}.get(str(refusal.extra.get("field")), form.artifact_id)
         field.errors = [*field.errors, f"{refusal.message} {refusal.next_step}"]
         return _list(STATUS_BY_CODE.get(refusal.code, 400), form=form)
     target = url_for("console.deployment_page", deployment_id=created.id)
@@ -80,7 +107,7 @@ def deployment_create():
     return redirect(target, 303)
 
 
-def _live(deployment_id: str, status: int = 200):
+def _live(deployment_id: str, status: int = 200, move_refused: str | None = None):
     deployment = deployments.get(deployment_id)
     node = db.session.get(Node, deployment.node_id)
     return page_or_partial(
@@ -93,6 +120,7 @@ def _live(deployment_id: str, status: int = 200):
         stop_form=EmptyForm(),
         playground_form=PlaygroundForm(),
         playground_max_tokens=PLAYGROUND_MAX_TOKENS,
+        move_refused=move_refused,
         active="deployments",
     ), status
 
@@ -114,6 +142,22 @@ def deployment_stop(deployment_id: str):
         flash("The form expired; reload the page and try again.")
     else:
         deployments.delete(deployment_id)
+    if is_htmx_fragment_request():
+        return _live(deployment_id)
+    return redirect(url_for("console.deployment_page", deployment_id=deployment_id), 303)
+
+
+@bp.post("/deployments/<deployment_id>/move")
+@login_required
+def deployment_move(deployment_id: str):
+    """S3: place it on the best other node (off a draining one); a refusal says each node's reason."""
+    form = EmptyForm()
+    if not form.validate_on_submit():
+        return _live(deployment_id, 400, "The form expired; reload the page and try again.")
+    try:
+        deployments.move(deployment_id)
+    except DomainError as refusal:
+        return _live(deployment_id, STATUS_BY_CODE.get(refusal.code, 400), f"{refusal.message} {refusal.next_step}")
     if is_htmx_fragment_request():
         return _live(deployment_id)
     return redirect(url_for("console.deployment_page", deployment_id=deployment_id), 303)

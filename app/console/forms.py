@@ -462,9 +462,12 @@ class ApiKeyForm(FlaskForm):
         return self.expires_in_seconds.data or None
 
 
+ANYWHERE = ""  # the deploy form's node choice that leaves the node to placement (S3)
+
+
 class DeploymentForm(RuntimeJobForm):
-    """S2: deploy a model file of an artifact under a name clients use as OpenAI's `model`; it goes
-    to the node that holds the artifact (placement with eligibility and memory comes with S3)."""
+    """S2: deploy a model file of an artifact under a name clients use as OpenAI's `model`; placed
+    on a node that holds the model and where it fits (S3), or on the node the operator names."""
 
     name = StringField(
         "Name",
@@ -488,8 +491,30 @@ class DeploymentForm(RuntimeJobForm):
         ],
     )
 
+    idle_unload_seconds = IntegerField(
+        "Unload when idle",
+        default=deployments.IDLE_UNLOAD_SECONDS.default,
+        validators=[
+            InputRequired(message="Seconds without a request before the model is freed, or 0 to keep it loaded."),
+            NumberRange(
+                deployments.IDLE_UNLOAD_SECONDS.minimum,
+                deployments.IDLE_UNLOAD_SECONDS.maximum,
+                message=f"Between {deployments.IDLE_UNLOAD_SECONDS.minimum} (keep it loaded) and "
+                f"{deployments.IDLE_UNLOAD_SECONDS.maximum} seconds.",
+            ),
+        ],
+    )
+    node_id = SelectField("Node", validate_choice=False, default=ANYWHERE)
+    tier = SelectField(
+        "Tier", choices=[SelectChoice(tier, tier) for tier in deployments.TIERS], default=deployments.DEFAULT_TIER
+    )
+
     def __init__(self, all_artifacts: list[Artifact], node_names: dict[str, str], **kwargs) -> None:
         super().__init__(all_artifacts, **kwargs)
+        self.node_id.choices = [
+            SelectChoice(ANYWHERE, "Wherever it fits"),
+            *(SelectChoice(node_id, name) for node_id, name in sorted(node_names.items(), key=lambda item: item[1])),
+        ]
         self.artifact_id.choices = [
             SelectChoice(
                 artifact.id,
@@ -508,8 +533,15 @@ class DeploymentForm(RuntimeJobForm):
             name=self.name.data,
             artifact_id=self.artifact_id.data,
             model_file=self.model_file.data,
+            node_id=self.node_id.data or None,
+            tier=self.tier.data,
             context_length=self.context_length.data,
+            idle_unload_seconds=self.idle_unload_seconds.data,
         )
+
+    def validate_node_id(self, field) -> None:
+        if field.data not in {choice.value for choice in field.choices}:
+            raise ValidationError("Pick one of the nodes listed, or let placement choose.")
 
 
 PLAYGROUND_MESSAGE_CHARS = 8000

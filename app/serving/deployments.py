@@ -274,6 +274,69 @@ def delete(deployment_id: str, actor: str = audit.OPERATOR) -> Deployment:
     return deployment
 
 
+def _not_movable(deployment: Deployment) -> DomainError:
+    return DomainError(
+        "DEPLOYMENT_NOT_MOVABLE",
+        f"The deployment {deployment.name!r} is {deployment.state}; only one that is not stopping or stopped moves.",
+        "Create a new deployment instead.",
+    )
+
+
+def move(deployment_id: str, node_id: str | None = None, actor: str = audit.OPERATOR) -> Deployment:
+    """S3: serve the deployment from another node (a draining one's, before maintenance): placed by
+    the same rules on any node but its own (or on the named one), pending there; its old node no
+    longer lists it, so its agent frees the model. Its name, settings and history stay with it."""
+    deployment = get(deployment_id, lock=True)
+    if deployment.state in (DeploymentState.STOPPING, DeploymentState.STOPPED):
+        db.session.rollback()
+        raise _not_movable(deployment)
+    if node_id == deployment.node_id:
+        db.session.rollback()
+        raise DomainError(
+            "DEPLOYMENT_NOT_MOVABLE",
+            f"The deployment {deployment.name!r} is already on node {node_id}.",
+            "Name another node, or leave node_id out to place it on the best other node.",
+            field="node_id",
+        )
+    request = Request(
+        name=deployment.name,
+        artifact_id=deployment.artifact_id,
+        model_file=deployment.model_file,
+        node_id=node_id,
+        tier=deployment.tier,
+        context_length=deployment.context_length,
+        n_gpu_layers=deployment.n_gpu_layers,
+        idle_unload_seconds=deployment.idle_unload_seconds,
+    )
+    ask = placement.Ask(
+        artifact=artifacts.get(deployment.artifact_id),
+        model_file=deployment.model_file,
+        tier=deployment.tier,
+        context_length=deployment.context_length,
+        n_gpu_layers=deployment.n_gpu_layers,
+        exclude_deployment=deployment.id,
+        exclude_node=deployment.node_id,
+    )
+    try:
+        chosen = placement.choose(ask, node_id)
+    except DomainError:
+        db.session.rollback()
+        raise
+    previous_node, previous_state = deployment.node_id, deployment.state
+    deployment.node_id = chosen.node_id
+    deployment.artifact_id = chosen.artifact_id or deployment.artifact_id
+    deployment.state = DeploymentState.PENDING
+    deployment.placement = _placement_record(chosen, request.node_id is not None)
+    deployment.measured = deployment.ready_at = None
+    deployment.error_code = deployment.error_message = deployment.error_next_step = None
+    deployment.updated_at = utcnow()
+    _changed(previous_node)  # it leaves the old node's list: its agent stops it there
+    _changed(chosen.node_id)
+    _audit(deployment, "moved", actor, previous=previous_state, from_node_id=previous_node)
+    db.session.commit()
+    return deployment
+
+
 def agent_view(node_id: str) -> list[dict[str, object]]:
     """S2: the node's deployments as its agent is told them: what to load (ready) and what to stop."""
     rows = db.session.execute(

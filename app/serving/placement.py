@@ -63,6 +63,7 @@ class Ask:
     context_length: int | None
     n_gpu_layers: int | None
     exclude_deployment: str | None = None  # a deployment being moved does not count against its node
+    exclude_node: str | None = None  # ... and does not go back to the node it leaves
 
 
 @dataclass
@@ -286,6 +287,8 @@ def judge_all(ask: Ask, node_id: str | None = None) -> list[Verdict]:
     query = sa.select(Node, NodeLease).outerjoin(NodeLease, NodeLease.node_id == Node.id).order_by(Node.id)
     if node_id is not None:
         query = query.where(Node.id == node_id)
+    if ask.exclude_node is not None:
+        query = query.where(Node.id != ask.exclude_node)
     verdicts = [judge(node, lease, held.get(node.id), ask, settings) for node, lease in db.session.execute(query)]
     return sorted(verdicts, key=lambda v: (not v.fits, not v.serves_model, -v.left_after(), v.name, v.node_id))
 

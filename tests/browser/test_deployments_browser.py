@@ -15,8 +15,8 @@ import pytest
 from tests.support import ADMIN, factories
 from tests.support.browser import Api, expect, sign_in
 from tests.support.gunicorn import GunicornServer
-from tests.support.nodes import agent, beat, publish_inventory
-from tests.support.runtime import acquired_artifact
+from tests.support.nodes import WORKING_NODE, agent, beat, publish_inventory
+from tests.support.runtime import acquired_artifact, worker
 
 
 @pytest.fixture
@@ -32,9 +32,9 @@ def server(sqlite_template, tmp_path):
 
 def test_deploy_from_the_form_and_watch_it_load_then_stop_it(server, page):
     api = Api(server.url)
-    enrolled = factories.enrolled_node(api, control_plane_url=server.url)
+    enrolled = factories.enrolled_node(api, WORKING_NODE, control_plane_url=server.url)
     node = {"id": enrolled["node_id"], "auth": factories.bearer(enrolled["credential"])}
-    publish_inventory(api, node)
+    publish_inventory(api, node, runtime_worker=worker())  # S3: a lab node with a worker takes it
     beat(api, node)
     artifact = acquired_artifact(api, node)
     page.expected_errors += ["status of 422", "Response Status Error Code 422"]  # the refused name, below

@@ -32,6 +32,7 @@ def deploy_form(console, artifact, **fields: str):
         "artifact_id": artifact["id"],
         "model_file": "tiny.gguf",
         "context_length": "",
+        "idle_unload_seconds": "900",
         **fields,
     }
     return htmx_post(console, PAGE, data=data)
@@ -79,7 +80,8 @@ def test_deploying_from_the_form_creates_it_pending_and_its_page_follows_it_to_r
     assert "<html" not in live and "is loading the model" in live
     report(console, node, created["id"], "ready", measured=MEASURED)
     live = console.get(f"{PAGE}/{created['id']}", headers=HTMX).get_data(as_text=True)
-    assert 'data-state="ready"' in live and 'data-polling="false"' in live and "hx-trigger" not in live
+    assert 'data-state="ready"' in live and 'data-polling="false"' in live
+    assert 'hx-trigger="every 10s"' in live  # S2: it unloads when idle (900 s), so it is still watched
     assert 'data-testid="deployment-load">0.75 s<' in live and 'data-testid="deployment-context">2048<' in live
     assert "300" in live and "MiB" in live
     # S3: the header's estimate beside what was measured, and how far apart they are.
@@ -145,3 +147,65 @@ def test_stop_asks_the_node_and_needs_the_csrf_token(console, node, artifact):
     assert 'data-state="stopping"' in stopped.get_data(as_text=True)
     assert deployments(console)[0]["state"] == "stopping"
     assert 'data-testid="stop-form"' not in stopped.get_data(as_text=True)
+
+
+def preview(console, artifact, **fields: str) -> str:
+    query = {"artifact_id": artifact["id"], "model_file": "tiny.gguf", "context_length": "", **fields}
+    response = console.get(f"{PAGE}/preview", query_string=query, headers=HTMX)
+    assert response.status_code == 200
+    return response.get_data(as_text=True)
+
+
+def test_the_deploy_form_previews_where_the_model_goes_and_why_the_other_nodes_would_not(console, node, artifact):
+    """S3: as the form is filled in, it says which node would take the model and with how much
+    memory, and each other node's reason; nothing is stored."""
+    page = console.get(PAGE).get_data(as_text=True)
+    assert f'hx-get="{PAGE}/preview" hx-target="this"' in page
+    included = re.search(r'hx-include="([^"]+)"', page).group(1)
+    assert included == "#artifact_id, #model_file, #context_length, #node_id, #tier"  # never the CSRF token
+    other = serving_node(console, hostname="other-node")
+    shown = preview(console, artifact)
+    chosen = re.search(r'data-testid="placement-choice">(.*?)</p>', shown, re.S).group(1)
+    assert re.fullmatch(
+        r"<strong>Fits on GPU Node \(gpu-node-1\)</strong>: needs [\d.]+ MiB of 64\.0 GiB free\.", chosen
+    )
+    assert (
+        f'data-node-id="{other["id"]}">GPU Node (gpu-node-1): does not hold owner/tiny-gguf at bbbbbbbbbbbb<' in shown
+    )
+    refused = preview(console, artifact, tier="production")
+    assert "No node can take it" in refused
+    assert "not eligible for the production tier (production_eligible is false)" in refused
+    assert "Fill in the artifact and the model file" in preview(console, artifact, model_file="")
+    assert "Fill in the artifact" in preview(console, artifact, context_length="99999")
+    assert deployments(console) == []
+
+
+def test_a_node_the_form_names_that_cannot_take_it_is_refused_under_the_node_field(console, node, artifact):
+    other = serving_node(console, hostname="other-node")
+    response = deploy_form(console, artifact, node_id=other["id"])
+    assert response.status_code == 409
+    page = response.get_data(as_text=True)
+    assert "does not hold owner/tiny-gguf" in page and deployments(console) == []
+    assert deploy_form(console, artifact, node_id=node["id"]).status_code == 201
+
+
+def test_a_deployment_on_a_draining_node_is_moved_from_its_page_behind_a_confirmation(console, node, artifact):
+    deploy_form(console, artifact)
+    (created,) = deployments(console)
+    page_path = f"{PAGE}/{created['id']}"
+    assert console.post(f"/api/v1/admin/nodes/{node['id']}/drain", headers=ADMIN).status_code == 200
+    live = console.get(page_path).get_data(as_text=True)
+    assert 'data-testid="move-form"' in live and 'hx-confirm="Move tiny-chat to another node?' in live
+    assert "Its node is draining: move it before maintenance." in live
+    refused = htmx_post(console, f"{page_path}/move")  # no other node holds the model
+    assert refused.status_code == 409
+    shown = re.search(r'data-testid="move-refused">(.*?)</p>', refused.get_data(as_text=True), re.S).group(1)
+    assert shown.startswith("No node can serve owner/tiny-gguf (tiny.gguf) in the lab tier")
+    other = serving_node(console, hostname="other-node")
+    copy = acquired_artifact(console, other)
+    assert console.post(f"{page_path}/move", headers=HTMX).status_code == 400  # no CSRF token: nothing moves
+    assert deployments(console)[0]["node_id"] == node["id"]
+    moved = htmx_post(console, f"{page_path}/move")
+    assert moved.status_code == 200 and 'data-state="pending"' in moved.get_data(as_text=True)
+    (after,) = deployments(console)
+    assert (after["node_id"], after["artifact_id"]) == (other["id"], copy["id"])

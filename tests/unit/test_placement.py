@@ -314,3 +314,62 @@ def test_tiny_facts_are_what_the_header_says():
     facts = tiny_facts()
     assert (facts["architecture"], facts["block_count"], facts["embedding_length"]) == ("llama", 2, 64)
     assert facts["weights_by_type"] == {"F32": facts["weights_bytes"]}
+
+
+def listed(client, node) -> list[str]:
+    """The deployment ids the node's heartbeat reply hands its agent."""
+    return [each["id"] for each in beat(client, node)["deployments"]]
+
+
+def test_a_draining_nodes_deployment_moves_to_the_best_other_node_and_leaves_the_old_ones_list(app, client, fleet):
+    nodes, artifacts = fleet
+    small, roomy = nodes["small"], nodes["roomy"]
+    deployment = deploy(client, artifacts["small"], node_id=small["id"], context_length=1024).get_json()
+    agent(
+        client,
+        small,
+        f"deployments/{deployment['id']}/status",
+        state="ready",
+        measured={"load_seconds": 0.1, "memory_bytes": 60 * 2**20, "context_length": 1024},
+    )
+    assert listed(client, small) == [deployment["id"]]
+    assert client.post(f"/api/v1/admin/nodes/{small['id']}/drain", headers=ADMIN).status_code == 200
+    moved = client.post(f"{DEPLOYMENTS}/{deployment['id']}/move", json={}, headers=ADMIN)
+    assert moved.status_code == 200, moved.get_json()
+    after = moved.get_json()
+    assert (after["id"], after["name"], after["context_length"]) == (deployment["id"], "chat", 1024)
+    assert (after["node_id"], after["artifact_id"], after["state"]) == (
+        roomy["id"],
+        artifacts["roomy"]["id"],
+        "pending",
+    )
+    assert after["measured"] is None and after["placement"]["why"].startswith("placed; fits")
+    assert listed(client, small) == [] and listed(client, roomy) == [deployment["id"]]
+    # The old node's late report about it is refused as unknown: it is no longer its deployment.
+    late = agent(client, small, f"deployments/{deployment['id']}/status", state="ready")
+    assert late.status_code == 404
+    events = client.get("/api/v1/admin/audit-events", headers=ADMIN).get_json()["audit_events"]
+    (event,) = [each for each in events if each["action"] == "deployment.moved"]
+    assert event["node_id"] == roomy["id"] and event["details"]["from_node_id"] == small["id"]
+
+
+def test_a_move_names_a_node_or_is_refused_with_every_reason(client, fleet):
+    nodes, artifacts = fleet
+    roomy = nodes["roomy"]
+    deployment = deploy(client, artifacts["roomy"], node_id=roomy["id"]).get_json()
+    again = client.post(f"{DEPLOYMENTS}/{deployment['id']}/move", json={"node_id": roomy["id"]}, headers=ADMIN)
+    assert again.status_code == 409 and again.get_json()["error"]["code"] == "DEPLOYMENT_NOT_MOVABLE"
+    to_draining = client.post(
+        f"{DEPLOYMENTS}/{deployment['id']}/move", json={"node_id": nodes["draining"]["id"]}, headers=ADMIN
+    )
+    assert to_draining.status_code == 409 and to_draining.get_json()["error"]["code"] == "NODE_DRAINING"
+    assert client.post(f"/api/v1/admin/nodes/{nodes['small']['id']}/disable", headers=ADMIN).status_code == 200
+    nowhere = client.post(f"{DEPLOYMENTS}/{deployment['id']}/move", json={}, headers=ADMIN)
+    assert nowhere.status_code == 409 and nowhere.get_json()["error"]["code"] == "NO_NODE_FITS"
+    assert roomy["id"] not in {verdict["node_id"] for verdict in nowhere.get_json()["nodes"]}  # not back home
+    assert client.get(f"{DEPLOYMENTS}/{deployment['id']}", headers=ADMIN).get_json()["node_id"] == roomy["id"]
+    assert client.delete(f"{DEPLOYMENTS}/{deployment['id']}", headers=ADMIN).status_code == 202
+    stopping = client.post(f"{DEPLOYMENTS}/{deployment['id']}/move", json={}, headers=ADMIN)
+    assert stopping.status_code == 409 and stopping.get_json()["error"]["code"] == "DEPLOYMENT_NOT_MOVABLE"
+    bad = client.post(f"{DEPLOYMENTS}/{deployment['id']}/move", json={"node_id": "x"}, headers=ADMIN)
+    assert bad.status_code == 400
