@@ -373,3 +373,32 @@ def test_a_move_names_a_node_or_is_refused_with_every_reason(client, fleet):
     assert stopping.status_code == 409 and stopping.get_json()["error"]["code"] == "DEPLOYMENT_NOT_MOVABLE"
     bad = client.post(f"{DEPLOYMENTS}/{deployment['id']}/move", json={"node_id": "x"}, headers=ADMIN)
     assert bad.status_code == 400
+
+
+def test_a_cuda_worker_with_room_on_its_gpu_is_placed_by_its_free_memory(client):
+    """S3: on a CUDA worker the offloaded weights and KV cache go against the GPU's latest fresh
+    reading; with every layer offloaded the whole of it is on the GPU, and CPU-only (n_gpu_layers
+    0) is judged against host memory instead."""
+    gpu_node = node_with(client, "gpu", 4 * GIB, runtime_worker=cuda_worker())
+    beat(client, gpu_node, telemetry=[factories.sample(memory_used_bytes=2 * GIB)])
+    artifact = acquired_artifact(client, gpu_node)
+    on_gpu = deploy(client, artifact).get_json()
+    estimate = on_gpu["placement"]["estimate"]
+    assert on_gpu["node_id"] == gpu_node["id"] and estimate["on_gpu"] is True
+    assert on_gpu["placement"]["free_bytes"] == 17_171_480_576 - 2 * GIB  # its total less what the reading uses
+    (per_gpu,) = estimate["per_gpu_bytes"]
+    assert per_gpu > estimate["parts"]["weights"] + estimate["parts"]["kv_cache"]  # plus CUDA's own and compute
+    on_cpu = deploy(client, artifact, name="cpu-only", n_gpu_layers=0).get_json()
+    assert on_cpu["placement"]["estimate"]["on_gpu"] is False
+    assert on_cpu["placement"]["free_bytes"] < 4 * GIB  # host memory, less what the first one holds
+
+
+def test_a_gpu_without_a_fresh_reading_is_not_guessed_at(app, client):
+    gpu_node = node_with(client, "gpu", runtime_worker=cuda_worker())
+    artifact = acquired_artifact(client, gpu_node)
+    with app.app_context():
+        db.session.execute(sa.text("UPDATE telemetry_samples SET sampled_at = 0"))
+        db.session.commit()
+    refused = deploy(client, artifact)
+    assert refused.status_code == 409
+    assert reasons(refused, {"gpu": gpu_node})["gpu"] == f"no fresh memory reading for GPU {GPU_UUID}"
