@@ -13,8 +13,9 @@ from app.serving import deployments
 @operations.post(
     "/admin/deployments",
     "Deploy a model file of an acquired artifact under a name clients use as `model` (S2)",
-    description="Created `pending`; the node that holds the artifact (or the one named, which must hold it: "
-    "else 409 NO_NODE_FITS naming the node and why) learns of it in its next heartbeat reply and reports "
+    description="Created `pending` on the node placement chose (S3: may receive work, eligible for the tier, a "
+    "compatible worker, holds the model, fits by the GGUF header's estimate; a named node is judged the same), "
+    "else 409 NO_NODE_FITS listing every node and why; the node learns of it in its next heartbeat reply and reports "
     "`loading`, then `ready` or `failed`. A name is taken while a deployment that is not stopped holds it "
     "(409 DEPLOYMENT_NAME_TAKEN).",
     body=bodies.DeploymentCreate,

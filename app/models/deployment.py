@@ -27,7 +27,7 @@ class DeploymentState(enum.StrEnum):
 
 
 class Deployment(db.Model):
-    """S2: one model file of one artifact, served by the node that holds it."""
+    """S2: one model file of one artifact, served by the node placement chose (S3), which holds it."""
 
     __tablename__ = "deployments"
     __table_args__ = (
