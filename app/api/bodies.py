@@ -590,8 +590,16 @@ class AcquireJobCreate(_JobCreate):
 
 
 class BenchmarkJobCreate(_JobCreate):
-    """W2: benchmark a model file of one of the node's artifacts."""
+    """W2: benchmark a model file of one of the node's artifacts; S3: without `node_id`, on every
+    benchmark-eligible node that holds the model."""
 
+    node_id: Uuid | None = Field(
+        None,
+        description="Null or left out (S3): one job on every node that is benchmark-eligible, may receive work, "
+        "runs the type and holds a copy of the model that `params.artifact_id` names (the same repository at the "
+        "same commit, any node's copy names it), each on its own copy; the reply lists the jobs and every other "
+        "node with why, or 409 NO_NODE_FITS when no node qualifies",
+    )
     type: Literal["runtime.benchmark.v1"]
     params: BenchmarkParams
 

@@ -7,7 +7,7 @@ from flask import request
 from app.api import bodies, json_response, operations, replies
 from app.api.auth import admin_required
 from app.api.validation import invalid, json_object
-from app.jobs import artifacts, queue, runtime, storage
+from app.jobs import artifacts, benchmarks, queue, runtime, storage
 from app.models import JobState
 from app.nodes import get as get_node
 
@@ -55,15 +55,21 @@ def delete_storage_root(root_id: str):
 
 @operations.post(
     "/admin/jobs",
-    "Queue a typed job for a node (J2)",
+    "Queue a typed job for a node (J2), or a benchmark on every node that qualifies (S3)",
     body=bodies.JobCreate,
-    replies={201: (replies.Job, "The job")},
+    replies={
+        201: (replies.JobCreated, "The job; a benchmark without `node_id`: its jobs and the nodes skipped, with why"),
+        409: (replies.NoNodeFits, "Conflict with the current state; NO_NODE_FITS names every node and why (S3)"),
+    },
     errors=(400, 401, 404, 409, 413, 415),
 )
 @admin_required
 def create_job():
-    """J2: queue a typed job for a node."""
+    """J2: queue a typed job for a node; S3: a benchmark without one runs on every node that qualifies."""
     body = bodies.job_create(json_object())
+    if body.node_id is None:  # only a benchmark may leave it out (bodies.BenchmarkJobCreate)
+        fanned = benchmarks.fan_out(body.params.model_dump(), body.max_attempts)
+        return json_response(fanned.to_dict(), 201)
     job = queue.create(body.type, body.node_id, body.params.model_dump(), body.max_attempts)
     return json_response(job.to_dict(), 201)
 

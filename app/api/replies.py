@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, StringConstraints, WithJsonSchema
+from pydantic import BaseModel, Field, RootModel, StringConstraints, WithJsonSchema
 from pydantic.json_schema import GenerateJsonSchema
 
 from app import acceptance, tokens
@@ -488,6 +488,43 @@ class JobsPage(Reply):
 
     jobs: list[Job]
     next_before: str | None
+
+
+class NodeConsidered(Reply):
+    """S3: a node a benchmark without a node skipped, and the first rule it failed."""
+
+    node_id: Uuid
+    name: str
+    artifact_id: Uuid | None = Field(description="The node's own copy of the model, when it holds one")
+    reason: str
+
+
+class BenchmarkedModel(Reply):
+    """S3: the model a benchmark without a node measures: a repository at a commit, and the file."""
+
+    repo_id: str
+    repo_type: str
+    commit: str
+    model_file: str
+
+
+class BenchmarkFanOut(Reply):
+    """S3: a benchmark without a node: a job on each node that qualified, on its own copy of the
+    model, and every other node with its reason."""
+
+    model: BenchmarkedModel
+    jobs: Annotated[list[Job], Field(min_length=1)]
+    skipped: list[NodeConsidered]
+
+
+class JobCreated(RootModel[Job | BenchmarkFanOut], Reply):
+    """J2: the job queued on the node named; S3: a benchmark without `node_id` answers BenchmarkFanOut."""
+
+
+class NoNodeFits(Error):
+    """409: a conflict with the current state; NO_NODE_FITS (S3) lists every node with its reason."""
+
+    nodes: list[NodeConsidered] = None
 
 
 class JobOutcome(Reply):

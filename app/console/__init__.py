@@ -51,6 +51,7 @@ def init_app(app: Flask) -> None:
         api_keys,
         audit_log,
         auth,
+        benchmarks,
         deployments,
         enroll,
         jobs,

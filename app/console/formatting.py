@@ -111,6 +111,19 @@ def seconds(value: object) -> str:
     return f"{number:.3f} s" if number < 10 else f"{number:.1f} s"
 
 
+def gpu_models(names: list[str] | None) -> str:
+    """S3: what a benchmark ran on: 'NVIDIA RTX A6000', '2 × NVIDIA RTX A6000', 'A, B'; [] → 'CPU';
+    None → 'not reported' (no run, and no worker has said)."""
+    if names is None:
+        return "not reported"
+    if not names:
+        return "CPU"
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return ", ".join(name if count == 1 else f"{count} × {name}" for name, count in counts.items())
+
+
 def gpu_text(node: NodeSummary) -> str:
     """A node's GPUs: '2 × NVIDIA RTX A6000', or '3 × A (2), B (1)' for a mixed node (C2)."""
     if not node.gpu_models:
@@ -148,5 +161,6 @@ FILTERS = {
     "eta": eta,
     "short_commit": short_commit,
     "gpu_text": gpu_text,
+    "gpu_models": gpu_models,
     "eligibility_text": eligibility_text,
 }

@@ -366,6 +366,8 @@ class BenchmarkForm(RuntimeJobForm):
     prompt_tokens = bounded("Prompt tokens", runtime.PROMPT_TOKENS)
     generate_tokens = bounded("Generated tokens", runtime.GENERATE_TOKENS)
     repetitions = bounded("Repetitions", runtime.REPETITIONS)
+    # S3: the artifact names the model; every benchmark-eligible node holding a copy runs it.
+    everywhere = BooleanField("On every benchmark-eligible node that holds this model")
 
     def params(self) -> dict[str, object]:
         """The job's params, shaped exactly as the API stores them (defaults filled in)."""

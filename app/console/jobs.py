@@ -1,6 +1,7 @@
 """What nodes do, in the console (J4, W1, W2): the jobs list, one job's live progress with cancel
 and retry, and on the node page its storage roots, its artifacts, a form to acquire a model, its
-runtime worker with the benchmark runs and last smoke test, and forms to start runtime jobs."""
+runtime worker with the benchmark runs and last smoke test, and forms to start runtime jobs (a
+benchmark on every benchmark-eligible node that holds the model, S3, lands on app/console/benchmarks.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from flask import current_app, flash, redirect, render_template, request, url_fo
 
 from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.auth import login_required
+from app.console.benchmarks import skipped_text
 from app.console.forms import AcquireForm, BenchmarkForm, GenerateForm, StorageRootForm
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.extensions import db
-from app.jobs import artifacts, queue, runtime, storage
+from app.jobs import artifacts, benchmarks, queue, runtime, storage
+from app.jobs.benchmarks import Considered
 from app.models import Artifact, Job, JobState, Node, NodeLease, StorageRoot
 from app.nodes import get as get_node
 from app.nodes import runtime_worker
@@ -233,11 +236,13 @@ def _job_context(job: Job, seen: Seen | None) -> dict[str, object]:
     result = job.result if isinstance(job.result, dict) else {}
     artifact_id = result.get("artifact_id") or job.artifact_id
     has_result = isinstance(job.result, dict) and bool(job.result)
+    artifact = db.session.get(Artifact, artifact_id) if isinstance(artifact_id, str) else None
     return {
         "job": job,
         "node": db.session.get(Node, job.node_id),
         "root": db.session.get(StorageRoot, job.storage_root_id) if job.storage_root_id else None,
-        "artifact": db.session.get(Artifact, artifact_id) if isinstance(artifact_id, str) else None,
+        "artifact": artifact,
+        "compare_url": _comparison_url(job, artifact),
         "runtime_job": runtime.is_runtime(job.type),
         # W2: a runtime result read field by field, so an odd stored value shows as "—", never a 500.
         "benchmark": runtime.benchmark_row(job) if has_result and job.type == queue.BENCHMARK else None,
@@ -247,6 +252,20 @@ def _job_context(job: Job, seen: Seen | None) -> dict[str, object]:
         "poll_url": _poll_url(job, carried) if live else None,
         "States": JobState,
     }
+
+
+def _comparison_url(job: Job, artifact: Artifact | None) -> str | None:
+    """S3: a benchmark's model side by side on every node: named by its result once it ran (the
+    name outlives the artifact), by its artifact before."""
+    if job.type != queue.BENCHMARK:
+        return None
+    result = job.result if isinstance(job.result, dict) else {}
+    repo_id, commit = result.get("repo_id"), result.get("commit")
+    if not (isinstance(repo_id, str) and isinstance(commit, str)) and artifact is not None:
+        repo_id, commit = artifact.repo_id, artifact.commit
+    if not (isinstance(repo_id, str) and isinstance(commit, str)):
+        return None
+    return url_for("console.benchmark_comparison", repo_id=repo_id, commit=commit)
 
 
 @bp.get("/jobs/<job_id>")
@@ -420,7 +439,11 @@ def acquire_form(node_id: str):
 
 def _show_created(job: Job):
     """A job a form just queued: its page (a 303, or HX-Redirect for htmx)."""
-    target = url_for("console.job_page", job_id=job.id)
+    return _show(url_for("console.job_page", job_id=job.id))
+
+
+def _show(target: str):
+    """What a form just queued, at `target`: a 303, or HX-Redirect for htmx."""
     if not is_htmx_fragment_request():
         return redirect(target, 303)
     response = current_app.make_response(("", 201))
@@ -488,7 +511,31 @@ def _queue_runtime_job(node_id: str, job_type: str):
             return _back_to_node(node_id, *_error_lines(form))
         context = _runtime_jobs_context(node_id, **{f"{name}_form": form})  # the other form stays fresh
         return _panel("partials/_node_runtime_jobs.html", 422, node=node, **context)
+    if job_type == queue.BENCHMARK and form.everywhere.data:
+        return _benchmark_everywhere(node, form)
     return _show_created(queue.create(job_type, node_id, form.params()))
+
+
+def _benchmark_everywhere(node: Node, form: BenchmarkForm):
+    """S3: the benchmark on every benchmark-eligible node that holds the model, then the model's
+    comparison with a notice of the nodes skipped and why. When no node qualifies, the form comes
+    back with every node's reason (409) and nothing is queued."""
+    try:
+        fanned = benchmarks.fan_out(form.params())
+    except DomainError as error:
+        if error.code != "NO_NODE_FITS":
+            raise
+        judged = [Considered(**each) for each in error.extra.get("nodes", [])]
+        refusal = f"No node can run it — {skipped_text(judged)}." if judged else error.message
+        form.everywhere.errors.append(refusal)
+        form.everywhere.errors.append(error.next_step)
+        if not is_htmx_fragment_request():
+            return _back_to_node(node.id, refusal)
+        context = _runtime_jobs_context(node.id, benchmark_form=form)
+        return _panel("partials/_node_runtime_jobs.html", 409, node=node, **context)
+    queued = f"Benchmark queued on {len(fanned.jobs)} node{'' if len(fanned.jobs) == 1 else 's'}"
+    flash(f"{queued}; skipped — {skipped_text(fanned.skipped)}." if fanned.skipped else f"{queued}.")
+    return _show(url_for("console.benchmark_comparison", repo_id=fanned.model.repo_id, commit=fanned.model.commit))
 
 
 @bp.post("/hardware/nodes/<node_id>/benchmark")

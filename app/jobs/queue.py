@@ -85,6 +85,14 @@ def request_delete(artifact_id: str) -> Job:
 def create(job_type: str, node_id: str, params: dict[str, object], max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Job:
     """Queue a job for a node (J2); an acquire job names a root, a runtime job an artifact, of that very node.
     A draining node takes none (S3)."""
+    job = add(job_type, node_id, params, max_attempts)
+    db.session.commit()
+    return job
+
+
+def add(job_type: str, node_id: str, params: dict[str, object], max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Job:
+    """`create`'s checks and row, audited, left to the caller to commit: a fan-out queues its jobs
+    in one transaction, all or none (S3)."""
     refuse_if_draining(get_node(node_id))
     root_id = artifact_id = None
     if job_type == ACQUIRE:
@@ -115,7 +123,6 @@ def create(job_type: str, node_id: str, params: dict[str, object], max_attempts:
     db.session.add(job)
     db.session.flush()
     audit.record(audit.OPERATOR, "job.created", node_id, job_id=job.id, type=job_type)
-    db.session.commit()
     return job
 
 
