@@ -42,17 +42,15 @@ def fake_nvml_scenario(*gpus: dict) -> str:
     return json.dumps({"driver": "550.54.14", "cuda": 12040, "gpus": list(gpus)})
 
 
-def mint_token(url: str, verify: bool | str = True) -> dict:
-    """Mint an enrolment token through the admin API."""
+# A node under test takes lab deployments and benchmarks (S3); a test that needs it otherwise says so.
+WORKING_NODE = {"lab_eligible": True, "benchmark_eligible": True}
+
+
+def mint_token(url: str, verify: bool | str = True, eligibility: dict[str, bool] | None = None) -> dict:
+    """Mint an enrolment token through the admin API (a lab- and benchmark-eligible node by default)."""
     response = requests.post(
         url + "/api/v1/admin/node-enrollments",
-        # A node under test takes lab deployments and benchmarks (S3).
-        json={
-            "display_name": "agent under test",
-            "expires_in_seconds": 900,
-            "lab_eligible": True,
-            "benchmark_eligible": True,
-        },
+        json={"display_name": "agent under test", "expires_in_seconds": 900, **WORKING_NODE, **(eligibility or {})},
         headers=ADMIN,
         timeout=10,
         verify=verify,

@@ -4,6 +4,7 @@ published, one heartbeat with telemetry; and the agent API calls the tests make 
 from __future__ import annotations
 
 from tests.support import factories
+from tests.support.agent import WORKING_NODE
 
 
 def publish_inventory(client, node: dict, **facts: object):
@@ -26,10 +27,6 @@ def beat(client, node: dict, **extra) -> dict:
     response = client.post("/api/v1/agent/heartbeat", json=factories.heartbeat_body(**extra), headers=node["auth"])
     assert response.status_code == 200, response.get_json()
     return response.get_json()
-
-
-# A node under test takes lab deployments and benchmarks (S3); production stays behind its evidence.
-WORKING_NODE = {"lab_eligible": True, "benchmark_eligible": True}
 
 
 def online_node(client, hostname: str | None = None, inventory: bool = True, **facts: object) -> dict:
