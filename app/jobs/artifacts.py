@@ -4,6 +4,7 @@ deleted by an artifact.delete.v1 job once nothing uses them."""
 from __future__ import annotations
 
 import posixpath
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
@@ -102,6 +103,39 @@ def deleting(artifact_ids: list[str]) -> dict[str, str]:
         )
     )
     return {artifact_id: job_id for artifact_id, job_id in rows}
+
+
+@dataclass(frozen=True)
+class Copies:
+    """Every node's copies of one model: all of them, each node's newest not being deleted, and the
+    nodes whose every copy is being deleted (J5)."""
+
+    repo_type: str
+    repo_id: str
+    commit: str
+    every: list[Artifact]
+    held: dict[str, Artifact]
+    deleting: set[str]
+
+
+def copies_of(repo_type: str, repo_id: str, commit: str) -> Copies:
+    """The model's copies on every node, newest verification first."""
+    every = list(
+        db.session.scalars(
+            sa.select(Artifact)
+            .where(Artifact.repo_type == repo_type, Artifact.repo_id == repo_id, Artifact.commit == commit)
+            .order_by(Artifact.verified_at.desc(), Artifact.id)
+        )
+    )
+    going = deleting([copy.id for copy in every])
+    held: dict[str, Artifact] = {}
+    being_deleted: set[str] = set()
+    for copy in every:
+        if copy.id in going:
+            being_deleted.add(copy.node_id)
+        else:
+            held.setdefault(copy.node_id, copy)
+    return Copies(repo_type, repo_id, commit, every, held, being_deleted - set(held))
 
 
 def refuse_if_deleting(artifact: Artifact) -> None:

@@ -28,19 +28,12 @@ from app.errors import DomainError
 from app.extensions import db
 from app.jobs import artifacts, queue, runtime
 from app.models import Artifact, Gpu, Job, JobState, Node, NodeLease
-from app.nodes import liveness
+from app.nodes import liveness, node_name
 from app.nodes.compat import COMPATIBLE
 
 BENCHMARK = runtime.BENCHMARK
 # The comparison reads at most this many of a model's runs, newest first.
 RUNS_LIMIT = 1000
-
-
-def node_name(node: Node) -> str:
-    """A node as a reason names it: its display name, with the hostname when that says more."""
-    if node.display_name in (None, "", node.hostname):
-        return node.hostname
-    return f"{node.display_name} ({node.hostname})"
 
 
 @dataclass(frozen=True)
@@ -57,39 +50,6 @@ class Considered:
         return {"node_id": self.node_id, "name": self.name, "artifact_id": self.artifact_id, "reason": self.reason}
 
 
-@dataclass(frozen=True)
-class Copies:
-    """Every node's copies of one model: all of them, each node's newest not being deleted, and the
-    nodes whose every copy is being deleted (J5)."""
-
-    repo_type: str
-    repo_id: str
-    commit: str
-    every: list[Artifact]
-    held: dict[str, Artifact]
-    deleting: set[str]
-
-
-def copies_of(repo_type: str, repo_id: str, commit: str) -> Copies:
-    """The model's copies on every node, newest verification first."""
-    every = list(
-        db.session.scalars(
-            sa.select(Artifact)
-            .where(Artifact.repo_type == repo_type, Artifact.repo_id == repo_id, Artifact.commit == commit)
-            .order_by(Artifact.verified_at.desc(), Artifact.id)
-        )
-    )
-    going = artifacts.deleting([copy.id for copy in every])
-    held: dict[str, Artifact] = {}
-    deleting: set[str] = set()
-    for copy in every:
-        if copy.id in going:
-            deleting.add(copy.node_id)
-        else:
-            held.setdefault(copy.node_id, copy)
-    return Copies(repo_type, repo_id, commit, every, held, deleting - set(held))
-
-
 def _node_reason(node: Node, lease: NodeLease | None, settings) -> str | None:
     """Rules 1–3 (module docstring): the first the node fails, or None."""
     if not node.benchmark_eligible:
@@ -104,7 +64,7 @@ def _node_reason(node: Node, lease: NodeLease | None, settings) -> str | None:
     return None
 
 
-def _copy_reason(node_id: str, copies: Copies, model_file: str | None) -> str | None:
+def _copy_reason(node_id: str, copies: artifacts.Copies, model_file: str | None) -> str | None:
     """Rule 4: why the node holds no copy to run (None: it holds one, with the file where that is known)."""
     held = copies.held.get(node_id)
     if held is None:
@@ -116,7 +76,7 @@ def _copy_reason(node_id: str, copies: Copies, model_file: str | None) -> str | 
     return None
 
 
-def judge_all(copies: Copies, model_file: str | None) -> list[Considered]:
+def judge_all(copies: artifacts.Copies, model_file: str | None) -> list[Considered]:
     """Every node judged for a benchmark of `model_file` of the model (None: no file asked), by name."""
     settings = current_settings()
     rows = db.session.execute(
@@ -173,7 +133,7 @@ def fan_out(params: dict[str, object], max_attempts: int = queue.DEFAULT_MAX_ATT
     `params["artifact_id"]` names (any node's copy names it); NO_NODE_FITS when none does."""
     model = artifacts.get(str(params["artifact_id"]))
     model_file = str(params["model_file"])
-    considered = judge_all(copies_of(model.repo_type, model.repo_id, model.commit), model_file)
+    considered = judge_all(artifacts.copies_of(model.repo_type, model.repo_id, model.commit), model_file)
     taking = [each for each in considered if each.reason is None]
     if not taking:
         raise no_node_fits(model, model_file, considered)
@@ -295,7 +255,7 @@ def _row(node: Node, lease: NodeLease | None, jobs: list[Job], gpu_names: dict[t
 def comparison(repo_id: str, commit: str, repo_type: str = "model") -> Comparison:
     """The runs of this model on every node that ran it or holds it, a table per model file: each
     node's newest success with the GPUs it ran on, or no run yet, and what has happened since."""
-    copies = copies_of(repo_type, repo_id, commit)
+    copies = artifacts.copies_of(repo_type, repo_id, commit)
     runs = _runs_of(repo_id, commit, copies.every)
     by_file: dict[str, dict[str, list[Job]]] = {}
     for job in runs:

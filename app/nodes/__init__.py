@@ -39,6 +39,13 @@ def get(node_id: str) -> Node:
     return node
 
 
+def node_name(node: Node) -> str:
+    """A node as a reason names it: its display name, with the hostname when that says more."""
+    if node.display_name in (None, "", node.hostname):
+        return node.hostname
+    return f"{node.display_name} ({node.hostname})"
+
+
 # P5: what the API and the console show of stored values, whatever a row holds — rows written before
 # the inventory was declared field by field included (a 400-digit number, infinity, a lone
 # surrogate, nesting 950 deep): bounded here, where every reader of a node passes, so neither the

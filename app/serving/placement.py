@@ -28,11 +28,12 @@ import sqlalchemy as sa
 from app.config import current_settings
 from app.errors import DomainError
 from app.extensions import db
+from app.jobs import artifacts
 from app.jobs.runtime import COMPATIBLE
-from app.models import Artifact, Deployment, DeploymentState, Gpu, Job, JobState, Node, NodeInventory, NodeLease
+from app.models import Artifact, Deployment, DeploymentState, Gpu, Node, NodeInventory, NodeLease
 from app.models.telemetry import TelemetrySample
 from app.nodes import get as get_node
-from app.nodes import refuse_if_draining
+from app.nodes import node_name, refuse_if_draining
 from app.nodes.liveness import may_receive_work
 from app.serving import estimate as estimates
 from app.timeutil import utcnow
@@ -95,29 +96,6 @@ class Verdict:
             "needs_bytes": self.estimate.peak_bytes if self.estimate else None,
             "free_bytes": self.free_bytes,
         }
-
-
-def _same_model(ask: Ask) -> dict[str, Artifact]:
-    """Each node's artifact of the same repository at the same commit, not being deleted."""
-    deleting = (
-        sa.select(Job.artifact_id)
-        .where(Job.type == "artifact.delete.v1", Job.state.in_([str(JobState.QUEUED), str(JobState.RUNNING)]))
-        .where(Job.artifact_id.is_not(None))
-    )
-    rows = db.session.scalars(
-        sa.select(Artifact)
-        .where(
-            Artifact.repo_id == ask.artifact.repo_id,
-            Artifact.repo_type == ask.artifact.repo_type,
-            Artifact.commit == ask.artifact.commit,
-            Artifact.id.not_in(deleting),
-        )
-        .order_by(Artifact.verified_at.desc())
-    )
-    held: dict[str, Artifact] = {}
-    for artifact in rows:
-        held.setdefault(artifact.node_id, artifact)
-    return held
 
 
 def _facts(artifact: Artifact, model_file: str) -> dict[str, object] | None:
@@ -191,10 +169,9 @@ def _gpu_free(node_id: str, devices: list[dict], settings) -> list[int] | str:
     return free
 
 
-def judge(node: Node, lease: NodeLease | None, held: Artifact | None, ask: Ask, settings) -> Verdict:
+def judge(node: Node, lease: NodeLease | None, held: Artifact | None, deleting: bool, ask: Ask, settings) -> Verdict:
     """One node against every rule, the first it fails its reason."""
-    name = node.hostname if node.display_name in (None, "", node.hostname) else f"{node.display_name} ({node.hostname})"
-    verdict = Verdict(node_id=node.id, name=name)
+    verdict = Verdict(node_id=node.id, name=node_name(node))
     allowed, why = may_receive_work(node.id, settings)
     if not allowed:
         verdict.reason = why
@@ -205,6 +182,9 @@ def judge(node: Node, lease: NodeLease | None, held: Artifact | None, ask: Ask, 
         return verdict
     if lease is None or lease.worker_compatibility != COMPATIBLE:
         verdict.reason = "no compatible runtime worker answers on the node"
+        return verdict
+    if held is None and deleting:
+        verdict.reason = f"its copy of {ask.artifact.repo_id} is being deleted"
         return verdict
     if held is None:
         verdict.reason = f"does not hold {ask.artifact.repo_id} at {ask.artifact.commit[:12]}"
@@ -283,13 +263,16 @@ def judge_all(ask: Ask, node_id: str | None = None) -> list[Verdict]:
     """Every node (or only the named one) judged, the best first: fitting nodes by preference, then
     the rest by name."""
     settings = current_settings()
-    held = _same_model(ask)
+    copies = artifacts.copies_of(ask.artifact.repo_type, ask.artifact.repo_id, ask.artifact.commit)
     query = sa.select(Node, NodeLease).outerjoin(NodeLease, NodeLease.node_id == Node.id).order_by(Node.id)
     if node_id is not None:
         query = query.where(Node.id == node_id)
     if ask.exclude_node is not None:
         query = query.where(Node.id != ask.exclude_node)
-    verdicts = [judge(node, lease, held.get(node.id), ask, settings) for node, lease in db.session.execute(query)]
+    verdicts = [
+        judge(node, lease, copies.held.get(node.id), node.id in copies.deleting, ask, settings)
+        for node, lease in db.session.execute(query)
+    ]
     return sorted(verdicts, key=lambda v: (not v.fits, not v.serves_model, -v.left_after(), v.name, v.node_id))
 
 
