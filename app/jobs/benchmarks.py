@@ -30,6 +30,7 @@ from app.jobs import artifacts, queue, runtime
 from app.models import Artifact, Gpu, Job, JobState, Node, NodeLease
 from app.nodes import liveness, node_name
 from app.nodes.compat import COMPATIBLE
+from app.serving import placement
 
 BENCHMARK = runtime.BENCHMARK
 # The comparison reads at most this many of a model's runs, newest first.
@@ -76,8 +77,25 @@ def _copy_reason(node_id: str, copies: artifacts.Copies, model_file: str | None)
     return None
 
 
-def judge_all(copies: artifacts.Copies, model_file: str | None) -> list[Considered]:
-    """Every node judged for a benchmark of `model_file` of the model (None: no file asked), by name."""
+def _fit_reason(
+    node: Node, lease: NodeLease | None, copy: Artifact, model_file: str, params: dict, settings
+) -> str | None:
+    """Rule 5: the run's model at its context (prompt and generated tokens) fits the node's memory by
+    the header's estimate, as a deployment's must (app/serving/placement.py). A copy without header
+    facts (an older agent's) is not refused on a guess: measuring it is what a benchmark is for."""
+    if not isinstance(copy.models, dict) or not isinstance(copy.models.get(model_file), dict):
+        return None
+    prompt = int(params.get("prompt_tokens") or runtime.PROMPT_TOKENS.default)
+    generate = int(params.get("generate_tokens") or runtime.GENERATE_TOKENS.default)
+    layers = params.get("n_gpu_layers", runtime.N_GPU_LAYERS.default)
+    ask = placement.Ask(copy, model_file, tier="lab", context_length=prompt + generate, n_gpu_layers=layers)
+    verdict = placement.Verdict(node.id, node_name(node))
+    return None if placement.fit(verdict, node, lease, copy, ask, settings) else verdict.reason
+
+
+def judge_all(copies: artifacts.Copies, model_file: str | None, params: dict | None = None) -> list[Considered]:
+    """Every node judged for a benchmark of `model_file` of the model (None: no file asked), by name;
+    with the run's `params`, whether it fits the node's memory too."""
     settings = current_settings()
     rows = db.session.execute(
         sa.select(Node, NodeLease)
@@ -88,6 +106,8 @@ def judge_all(copies: artifacts.Copies, model_file: str | None) -> list[Consider
     for node, lease in rows:
         copy = copies.held.get(node.id)
         reason = _node_reason(node, lease, settings) or _copy_reason(node.id, copies, model_file)
+        if reason is None and copy is not None and model_file is not None and params is not None:
+            reason = _fit_reason(node, lease, copy, model_file, params, settings)
         considered.append(Considered(node.id, node_name(node), copy.id if copy else None, reason))
     return considered
 
@@ -133,7 +153,7 @@ def fan_out(params: dict[str, object], max_attempts: int = queue.DEFAULT_MAX_ATT
     `params["artifact_id"]` names (any node's copy names it); NO_NODE_FITS when none does."""
     model = artifacts.get(str(params["artifact_id"]))
     model_file = str(params["model_file"])
-    considered = judge_all(artifacts.copies_of(model.repo_type, model.repo_id, model.commit), model_file)
+    considered = judge_all(artifacts.copies_of(model.repo_type, model.repo_id, model.commit), model_file, params)
     taking = [each for each in considered if each.reason is None]
     if not taking:
         raise no_node_fits(model, model_file, considered)

@@ -26,6 +26,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 from app.config import current_settings
+from app.console.formatting import human_bytes
 from app.errors import DomainError
 from app.extensions import db
 from app.jobs import artifacts
@@ -51,7 +52,8 @@ _HOLDING = (
 
 
 def gib(size: int) -> str:
-    return f"{size / GIB:.1f} GiB"
+    """A size in a reason, in the console's units (57.0 MiB, 15.2 GiB)."""
+    return human_bytes(size)
 
 
 @dataclass(frozen=True)
@@ -190,10 +192,32 @@ def judge(node: Node, lease: NodeLease | None, held: Artifact | None, deleting: 
         verdict.reason = f"does not hold {ask.artifact.repo_id} at {ask.artifact.commit[:12]}"
         return verdict
     verdict.artifact_id = held.id
-    facts = _facts(held, ask.model_file)
     if held.models is not None and ask.model_file not in held.models:
         verdict.reason = f"its artifact has no GGUF file {ask.model_file!r}"
         return verdict
+    if not fit(verdict, node, lease, held, ask, settings):
+        return verdict
+    verdict.serves_model = (
+        db.session.scalar(
+            sa.select(sa.func.count())
+            .select_from(Deployment)
+            .where(
+                Deployment.node_id == node.id,
+                Deployment.artifact_id == held.id,
+                Deployment.model_file == ask.model_file,
+                Deployment.state == DeploymentState.READY,
+            )
+        )
+        > 0
+    )
+    verdict.reason += ", already serves this model" if verdict.serves_model else ""
+    return verdict
+
+
+def fit(verdict: Verdict, node: Node, lease: NodeLease | None, held: Artifact, ask: Ask, settings) -> bool:
+    """Rule 5 on its own: whether the model fits the node's memory, the estimate and the figures
+    set on `verdict` and, when it does not, its reason (runtime jobs ask it too)."""
+    facts = _facts(held, ask.model_file)
     backend, devices = _backend(lease)
     verdict.gpu = backend not in (None, "cpu") and bool(devices) and ask.n_gpu_layers != 0
     gpu_free: list[int] | None = None
@@ -201,13 +225,13 @@ def judge(node: Node, lease: NodeLease | None, held: Artifact | None, deleting: 
         measured_free = _gpu_free(node.id, devices, settings)
         if isinstance(measured_free, str):
             verdict.reason = measured_free
-            return verdict
+            return False
         gpu_free = measured_free
     try:
         raw = estimates.estimate(facts, ask.context_length, ask.n_gpu_layers, gpu_free)
     except estimates.NotEstimable as error:
         verdict.reason = f"no estimate: {error}"
-        return verdict
+        return False
     correction, based_on = _history(node.id, verdict.gpu)
     verdict.estimate = estimates.corrected(raw, correction, based_on)
     verdict.raw_resident_bytes = raw.resident_bytes
@@ -228,35 +252,20 @@ def judge(node: Node, lease: NodeLease | None, held: Artifact | None, deleting: 
                 f"needs {gib(verdict.estimate.per_gpu_bytes[index])} on GPU {index}, which has "
                 f"{gib(max(free_each[index], 0))} free"
             )
-            return verdict
+            return False
     else:
         facts_row = db.session.get(NodeInventory, node.id)
         total = (facts_row.facts or {}).get("memory_total_bytes") if facts_row else None
         if not isinstance(total, int) or total <= 0:
             verdict.reason = "its memory is unknown (no inventory)"
-            return verdict
+            return False
         verdict.free_bytes = total - held_bytes
         if verdict.estimate.peak_bytes > verdict.free_bytes:
             verdict.reason = f"needs {gib(verdict.estimate.peak_bytes)}, has {gib(max(verdict.free_bytes, 0))} free"
-            return verdict
-    verdict.serves_model = (
-        db.session.scalar(
-            sa.select(sa.func.count())
-            .select_from(Deployment)
-            .where(
-                Deployment.node_id == node.id,
-                Deployment.artifact_id == held.id,
-                Deployment.model_file == ask.model_file,
-                Deployment.state == DeploymentState.READY,
-            )
-        )
-        > 0
-    )
+            return False
     verdict.fits = True
-    verdict.reason = f"fits: needs {gib(verdict.estimate.peak_bytes)} of {gib(verdict.free_bytes or 0)} free" + (
-        ", already serves this model" if verdict.serves_model else ""
-    )
-    return verdict
+    verdict.reason = f"fits: needs {gib(verdict.estimate.peak_bytes)} of {gib(verdict.free_bytes or 0)} free"
+    return True
 
 
 def judge_all(ask: Ask, node_id: str | None = None) -> list[Verdict]:

@@ -11,6 +11,7 @@ one-node path, as before. On SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -21,10 +22,10 @@ from app.api.openapi import document
 from app.extensions import db
 from app.models import AuditEvent, Job, NodeLease
 from app.timeutil import utcnow
-from tests.support import ACQUIRE, ADMIN, BENCHMARK, EVERY_TYPE, GENERATE
+from tests.support import ACQUIRE, ADMIN, BENCHMARK, EVERY_TYPE, GENERATE, factories
 from tests.support.benchmarks import JOBS, benchmark_node, cpu_node, fan_out
-from tests.support.nodes import agent
-from tests.support.runtime import COMMIT, acquired_artifact, create
+from tests.support.nodes import agent, publish_inventory
+from tests.support.runtime import COMMIT, acquired_artifact, create, worker
 
 # What every fan-out below asks, defaults filled in as the one-node path stores them.
 ASKED = {"model_file": "tiny.gguf", "n_gpu_layers": -1, "prompt_tokens": 512, "generate_tokens": 128, "repetitions": 5}
@@ -178,3 +179,19 @@ def test_only_a_benchmark_may_leave_out_its_node(app, client, fleet):
     unknown = fan_out(client, {"id": "00000000-0000-4000-8000-000000000000"})
     assert unknown.status_code == 404 and unknown.get_json()["error"]["code"] == "ARTIFACT_NOT_FOUND"
     assert job_count(app) == before
+
+
+def test_a_node_the_run_would_not_fit_is_skipped_by_the_header_estimate(client):
+    """S3: a benchmark's model at its context (prompt and generated tokens) must fit the node's
+    memory by the GGUF header's estimate, as a deployment's must; without facts it is not guessed."""
+    roomy = cpu_node(client, "roomy")
+    cramped = cpu_node(client, "cramped")
+    inventory = factories.inventory_body([], hostname="cramped", memory_total_bytes=32 * 2**20)["inventory"]
+    publish_inventory(client, cramped, inventory=inventory, capabilities=EVERY_TYPE, runtime_worker=worker())
+    copies = {name: acquired_artifact(client, node) for name, node in (("roomy", roomy), ("cramped", cramped))}
+    reply = fan_out(client, copies["roomy"])
+    assert reply.status_code == 201, reply.get_json()
+    assert [job["node_id"] for job in reply.get_json()["jobs"]] == [roomy["id"]]
+    (skipped,) = reply.get_json()["skipped"]
+    assert skipped["node_id"] == cramped["id"]
+    assert re.fullmatch(r"needs [\d.]+ MiB, has 32\.0 MiB free", skipped["reason"]), skipped

@@ -101,7 +101,7 @@ def test_create_answers_pending_on_the_node_that_holds_the_artifact_with_why(app
     assert created["node_id"] == node["id"]
     placement = created["placement"]
     assert placement["node_id"] == node["id"]
-    assert placement["why"].startswith("placed; fits: needs 0.1 GiB of 64.0 GiB free")
+    assert placement["why"].startswith("placed; fits: needs 56.9 MiB of 64.0 GiB free")
     estimate = placement["estimate"]  # S3: from tiny.gguf's header, at its own context (2,048)
     assert estimate["context_length"] == 2048 and estimate["on_gpu"] is False
     assert estimate["parts"]["weights"] == tiny_facts()["weights_bytes"]
