@@ -39,3 +39,22 @@ def online_node(client, hostname: str | None = None, inventory: bool = True, **f
         publish_inventory(client, node, **facts)
     beat(client, node)
     return node
+
+
+def silence(app, node_id: str, seconds: float = 3600) -> None:
+    """Make the node's last heartbeat `seconds` old, straight in the database (an agent gone quiet)."""
+    from datetime import timedelta
+
+    import sqlalchemy as sa
+
+    from app.extensions import db
+    from app.models import NodeLease
+    from app.timeutil import utcnow
+
+    with app.app_context():
+        db.session.execute(
+            sa.update(NodeLease)
+            .where(NodeLease.node_id == node_id)
+            .values(last_heartbeat_at=utcnow() - timedelta(seconds=seconds))
+        )
+        db.session.commit()

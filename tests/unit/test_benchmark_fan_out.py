@@ -12,7 +12,6 @@ one-node path, as before. On SQLite and PostgreSQL.
 from __future__ import annotations
 
 import re
-from datetime import timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -20,11 +19,10 @@ from jsonschema import Draft202012Validator
 
 from app.api.openapi import document
 from app.extensions import db
-from app.models import AuditEvent, Job, NodeLease
-from app.timeutil import utcnow
+from app.models import AuditEvent, Job
 from tests.support import ACQUIRE, ADMIN, BENCHMARK, EVERY_TYPE, GENERATE, factories
 from tests.support.benchmarks import JOBS, benchmark_node, cpu_node, fan_out
-from tests.support.nodes import agent, publish_inventory
+from tests.support.nodes import agent, publish_inventory, silence
 from tests.support.runtime import COMMIT, acquired_artifact, create, worker
 
 # What every fan-out below asks, defaults filled in as the one-node path stores them.
@@ -61,13 +59,7 @@ def fleet(app, client):
     for name, action in (("disabled", "disable"), ("draining", "drain")):
         assert client.post(f"/api/v1/admin/nodes/{nodes[name]['id']}/{action}", headers=ADMIN).status_code == 200
     assert client.delete(f"/api/v1/admin/artifacts/{copies['deleting']['id']}", headers=ADMIN).status_code == 202
-    with app.app_context():
-        db.session.execute(
-            sa.update(NodeLease)
-            .where(NodeLease.node_id == nodes["offline"]["id"])
-            .values(last_heartbeat_at=utcnow() - timedelta(hours=1))
-        )
-        db.session.commit()
+    silence(app, nodes["offline"]["id"])
     return nodes, copies
 
 

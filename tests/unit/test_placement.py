@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import timedelta
 
 import gguf
 import numpy as np
@@ -17,11 +16,10 @@ import pytest
 import sqlalchemy as sa
 
 from app.extensions import db
-from app.models import Deployment, NodeLease
-from app.timeutil import utcnow
+from app.models import Deployment
 from modelforge_agent_gguf import describe_file
 from tests.support import ACQUIRE, ADMIN, factories
-from tests.support.nodes import agent, beat, online_node, publish_inventory
+from tests.support.nodes import agent, beat, online_node, publish_inventory, silence
 from tests.support.runtime import COMMIT, ROOT_PATH, acquired_artifact, create, serving_node, tiny_facts, worker
 
 DEPLOYMENTS = "/api/v1/admin/deployments"
@@ -51,6 +49,25 @@ def deploy(client, artifact: dict, **body):
         json={"name": "chat", "artifact_id": artifact["id"], "model_file": "tiny.gguf", **body},
         headers=ADMIN,
     )
+
+
+def acquire_reporting(client, node: dict, repo_id: str, commit: str, **result) -> object:
+    """A real acquire job on the node, completed with this result (`models` as its agent would
+    report the headers); the complete reply."""
+    root = client.post(
+        f"/api/v1/admin/nodes/{node['id']}/storage-roots",
+        headers=ADMIN,
+        json={
+            "name": repo_id.replace("/", "-"),
+            "host_path": "/mnt/m",
+            "container_path": ROOT_PATH,
+            "min_free_bytes": 0,
+        },
+    )
+    job = create(client, ACQUIRE, node["id"], {"repo_id": repo_id, "storage_root_id": root.get_json()["id"]})
+    assert agent(client, node, "jobs/claim", capabilities=[ACQUIRE]).get_json()["job"]["id"] == job.get_json()["id"]
+    body = {"commit": commit, "container_path": f"{ROOT_PATH}/models/{repo_id}/{commit}", "files": 1, "total_bytes": 10}
+    return agent(client, node, f"jobs/{job.get_json()['id']}/complete", attempt=1, result={**body, **result})
 
 
 def reasons(refused, nodes: dict[str, dict]) -> dict[str, str]:
@@ -83,13 +100,7 @@ def fleet(app, client):
     beat(client, nodes["gpu-full"], telemetry=[factories.sample(memory_used_bytes=16 * GIB - 64 * 2**20)])
     artifacts = {name: acquired_artifact(client, node) for name, node in nodes.items() if name != "no-model"}
     assert client.post(f"/api/v1/admin/nodes/{nodes['draining']['id']}/drain", headers=ADMIN).status_code == 200
-    with app.app_context():
-        db.session.execute(
-            sa.update(NodeLease)
-            .where(NodeLease.node_id == nodes["offline"]["id"])
-            .values(last_heartbeat_at=utcnow() - timedelta(hours=1))
-        )
-        db.session.commit()
+    silence(app, nodes["offline"]["id"])
     return nodes, artifacts
 
 
@@ -220,21 +231,9 @@ def test_a_70b_class_header_is_placed_nowhere_with_the_memory_it_needs(tmp_path,
         os.close(fd)
     assert facts["weights_bytes"] > 65 * GIB and facts["block_count"] == 80, facts
     node = nodes["roomy"]
-    root = client.post(
-        f"/api/v1/admin/nodes/{node['id']}/storage-roots",
-        headers=ADMIN,
-        json={"name": "big", "host_path": "/mnt/big", "container_path": "/data/big", "min_free_bytes": 0},
+    done = acquire_reporting(
+        client, node, "owner/llama-70b", "c" * 40, total_bytes=facts["file_bytes"], models={"big.gguf": facts}
     )
-    job = create(client, ACQUIRE, node["id"], {"repo_id": "owner/llama-70b", "storage_root_id": root.get_json()["id"]})
-    assert agent(client, node, "jobs/claim", capabilities=[ACQUIRE]).get_json()["job"]["id"] == job.get_json()["id"]
-    result = {
-        "commit": "c" * 40,
-        "container_path": f"/data/big/models/owner/llama-70b/{'c' * 40}",
-        "files": 1,
-        "total_bytes": facts["file_bytes"],
-        "models": {"big.gguf": facts},
-    }
-    done = agent(client, node, f"jobs/{job.get_json()['id']}/complete", attempt=1, result=result)
     assert done.status_code == 200, done.get_json()
     artifact = done.get_json()["job"]["result"]
     refused = client.post(
@@ -257,22 +256,9 @@ def test_a_70b_class_header_is_placed_nowhere_with_the_memory_it_needs(tmp_path,
 )
 def test_a_header_that_cannot_be_believed_is_refused_with_its_reason_not_a_5xx(client, problem, reason):
     node = node_with(client, "only")
-    job = None
-    root = client.post(
-        f"/api/v1/admin/nodes/{node['id']}/storage-roots",
-        headers=ADMIN,
-        json={"name": "m", "host_path": "/mnt/m", "container_path": ROOT_PATH, "min_free_bytes": 0},
+    done = acquire_reporting(
+        client, node, "owner/bad", COMMIT, **({"models": {"tiny.gguf": problem}} if problem else {})
     )
-    job = create(client, ACQUIRE, node["id"], {"repo_id": "owner/bad", "storage_root_id": root.get_json()["id"]})
-    agent(client, node, "jobs/claim", capabilities=[ACQUIRE])
-    result = {
-        "commit": COMMIT,
-        "container_path": f"{ROOT_PATH}/models/owner/bad/{COMMIT}",
-        "files": 1,
-        "total_bytes": 10,
-        **({"models": {"tiny.gguf": problem}} if problem else {}),
-    }
-    done = agent(client, node, f"jobs/{job.get_json()['id']}/complete", attempt=1, result=result)
     assert done.status_code == 200, done.get_json()
     refused = deploy(client, {"id": done.get_json()["job"]["result"]["artifact_id"]})
     assert refused.status_code == 409
@@ -291,21 +277,7 @@ def test_a_header_that_cannot_be_believed_is_refused_with_its_reason_not_a_5xx(c
 )
 def test_facts_a_node_cannot_have_read_are_a_400_and_nothing_is_stored(client, facts):
     node = node_with(client, "liar")
-    root = client.post(
-        f"/api/v1/admin/nodes/{node['id']}/storage-roots",
-        headers=ADMIN,
-        json={"name": "m", "host_path": "/mnt/m", "container_path": ROOT_PATH, "min_free_bytes": 0},
-    )
-    job = create(client, ACQUIRE, node["id"], {"repo_id": "owner/bad", "storage_root_id": root.get_json()["id"]})
-    agent(client, node, "jobs/claim", capabilities=[ACQUIRE])
-    result = {
-        "commit": COMMIT,
-        "container_path": f"{ROOT_PATH}/models/owner/bad/{COMMIT}",
-        "files": 1,
-        "total_bytes": 10,
-        "models": {"tiny.gguf": facts},
-    }
-    refused = agent(client, node, f"jobs/{job.get_json()['id']}/complete", attempt=1, result=result)
+    refused = acquire_reporting(client, node, "owner/bad", COMMIT, models={"tiny.gguf": facts})
     assert refused.status_code == 400, refused.get_json()
     assert refused.get_json()["error"]["field"].startswith("result.models")
     assert client.get(f"/api/v1/admin/nodes/{node['id']}/artifacts", headers=ADMIN).get_json()["artifacts"] == []
