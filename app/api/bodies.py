@@ -537,6 +537,15 @@ class DeploymentCreate(Body):
     idle_unload_seconds: bounded(deployments.IDLE_UNLOAD_SECONDS) = deployments.IDLE_UNLOAD_SECONDS.default
 
 
+class NodeEligibility(Body):
+    """S3: the flags an operator sets at will; production_eligible has its own, evidence-checked path."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lab_eligible: bool | None = None
+    benchmark_eligible: bool | None = None
+
+
 class DeploymentMove(Body):
     """S3: move a deployment; without node_id it is placed on the best node but its own."""
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from app import nodes
-from app.api import json_response, operations, replies
+from app.api import bodies, json_response, operations, replies
 from app.api.auth import admin_required
+from app.api.validation import json_object
 from app.config import current_settings
 from app.nodes import readiness
 
@@ -101,6 +102,23 @@ def drain_node(node_id: str):
 def undrain_node(node_id: str):
     """Undo drain: queued jobs are claimed again."""
     nodes.set_draining(node_id, False)
+    return json_response(nodes.describe([node_id], current_settings())[0])
+
+
+@operations.post(
+    "/admin/nodes/<node_id>/eligibility",
+    "Set lab_eligible and benchmark_eligible: where placement may put lab deployments and benchmarks (S3)",
+    description="Scheduler metadata only: nothing starts. production_eligible is set through "
+    "POST /api/v1/admin/nodes/{id}/production-eligibility, which checks the acceptance evidence (V1).",
+    body=bodies.NodeEligibility,
+    replies={200: (replies.Node, "The node with its flags")},
+    errors=(400, 401, 404, 413, 415),
+)
+@admin_required
+def set_node_eligibility(node_id: str):
+    """S3: the flags given are set; those left out keep their value."""
+    body = bodies.parse(bodies.NodeEligibility, json_object())
+    nodes.set_eligibility(node_id, body.model_dump(exclude_none=True))
     return json_response(nodes.describe([node_id], current_settings())[0])
 
 

@@ -105,8 +105,9 @@ class EnrollForm(FlaskForm):
     image_source = RadioField("Agent image", choices=IMAGE_SOURCE_CHOICES, default="release")
     release_entry = TextAreaField("images.modelforge-node-agent", validators=[Length(max=MAX_PASTE_BYTES)])
     pinned_reference = StringField("Pinned image", validators=[Length(max=500)])
-    lab_eligible = BooleanField("Lab eligible")
-    benchmark_eligible = BooleanField("Benchmark eligible")
+    # S3: a new homelab node is for lab work and benchmarks unless the operator says otherwise.
+    lab_eligible = BooleanField("Lab eligible", default=True)
+    benchmark_eligible = BooleanField("Benchmark eligible", default=True)
 
     def validate_display_name(self, field) -> None:
         """Nothing a .env file cannot hold exactly (the name goes into one)."""

@@ -245,6 +245,16 @@ def _set_draining(node_id: str, draining: bool):
     return _node_live(node_id)
 
 
+@bp.post("/hardware/nodes/<node_id>/eligibility/<flag>/<value>")
+@login_required
+def set_node_eligibility(node_id: str, flag: str, value: str):
+    """S3: set or clear lab_eligible or benchmark_eligible from the node page."""
+    if flag not in nodes.OPERATOR_FLAGS or value not in ("on", "off"):
+        abort(404)
+    nodes.set_eligibility(node_id, {flag: value == "on"})
+    return _node_live(node_id)
+
+
 @bp.post("/hardware/nodes/<node_id>/drain")
 @login_required
 def drain_node(node_id: str):

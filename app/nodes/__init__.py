@@ -374,6 +374,27 @@ def set_draining(node_id: str, draining: bool, actor: str = audit.OPERATOR) -> N
     return node
 
 
+# S3: the flags an operator sets at will; production_eligible is set through acceptance (V1) only.
+OPERATOR_FLAGS = ("lab_eligible", "benchmark_eligible")
+
+
+def set_eligibility(node_id: str, flags: dict[str, bool], actor: str = audit.OPERATOR) -> Node:
+    """S3: set lab_eligible and/or benchmark_eligible (scheduler metadata, no runtime is started);
+    audited once with what changed."""
+    node = get(node_id)
+    changed = {
+        flag: {"old": getattr(node, flag), "new": value}
+        for flag, value in flags.items()
+        if getattr(node, flag) != value
+    }
+    for flag, change in changed.items():
+        setattr(node, flag, change["new"])
+    if changed:
+        audit.record(actor, "node.eligibility", node_id, **changed)
+    db.session.commit()
+    return node
+
+
 def refuse_if_draining(node: Node) -> None:
     """S3: a draining node takes no new job or deployment: 409 NODE_DRAINING, saying what to do."""
     if node.draining:
