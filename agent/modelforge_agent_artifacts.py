@@ -1,6 +1,8 @@
-"""artifact.delete.v1: remove one verified artifact's directory from this node's disk (J5).
+"""The artifact lifecycle on this node's disk (J5): artifact.delete.v1, quarantine past its
+retention, the partial directories of finished jobs, and what each storage root holds.
 
-The control plane queues it once nothing uses the artifact (`DELETE /api/v1/admin/artifacts/{id}`).
+artifact.delete.v1 removes one verified artifact's directory. The control plane queues it once
+nothing uses the artifact (`DELETE /api/v1/admin/artifacts/{id}`).
 Only a directory below the artifact directory that holds this agent's modelforge-manifest.json
 is removed: every directory on the way is opened without following a symlink, and the removal
 walks directory descriptors (shutil.rmtree with dir_fd), so a symlink planted inside is unlinked,
@@ -14,13 +16,14 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelforge_node_agent import (
     ARTIFACT_PATH_UNSAFE,
     DELETE_JOB_TYPE,
+    JOB_ID_PATTERN,
     JOB_PARAMS_INVALID,
     MANIFEST_NAME,
     O_DIR_NOFOLLOW,
@@ -152,3 +155,211 @@ def prune_quarantine(quarantine_dir: Path, retention_seconds: float, now: float)
     finally:
         os.close(top)
     return removed
+
+
+# --------------------------------------------------------------------------- storage use
+
+# `<root>/.partial/<job_id>/` and `<root>/.partial/<job_id>.json` are an acquire's files until it
+# ends (modelforge_agent_acquire.PartialDir); everything else below a root is artifacts. The
+# quarantine is one directory for the whole node (MODELFORGE_AGENT_QUARANTINE_DIR), not per root.
+PARTIAL_DIR = ".partial"
+# J5: one measurement of every root and the quarantine looks at no more entries than this, and no
+# deeper: what lies beyond is not counted, and the directories left unread say so (a lower bound).
+MAX_USE_ENTRIES = 200_000
+MAX_USE_DEPTH = 64
+MAX_PARTIAL_JOBS = 64  # the control plane's bound on the job ids one root reports
+
+
+@dataclass
+class _Tally:
+    """Bytes of regular files counted, and the directories that could not be read (or were not,
+    the walk's bounds reached): a figure with unread directories is a lower bound."""
+
+    bytes: int = 0
+    unread_dirs: int = 0
+
+
+@dataclass
+class _Budget:
+    entries: int = field(default_factory=lambda: MAX_USE_ENTRIES)
+
+
+def _entries(dir_fd: int, tally: _Tally) -> Iterator[os.DirEntry]:
+    """The entries of an open directory; one that cannot be listed is counted as unread."""
+    try:
+        with os.scandir(dir_fd) as listing:
+            yield from listing
+    except OSError:
+        tally.unread_dirs += 1
+
+
+def _count_entry(
+    parent_fd: int, entry: os.DirEntry, tally: _Tally, skip: frozenset, budget: _Budget, depth: int
+) -> None:
+    """Add one entry: a regular file's size by lstat, a directory walked by descriptor (opened with
+    O_NOFOLLOW below its parent, so a link swapped in is refused), a symlink neither followed nor counted."""
+    budget.entries -= 1
+    try:
+        info = entry.stat(follow_symlinks=False)
+    except FileNotFoundError:
+        return  # removed while we looked: nothing to count
+    except OSError:
+        tally.unread_dirs += 1
+        return
+    if stat.S_ISREG(info.st_mode):
+        tally.bytes += info.st_size
+        return
+    if not stat.S_ISDIR(info.st_mode) or (info.st_dev, info.st_ino) in skip:
+        return  # a link, device or pipe; or another root, or the quarantine, counted on its own
+    if depth >= MAX_USE_DEPTH or budget.entries <= 0:
+        tally.unread_dirs += 1
+        return
+    try:
+        child = os.open(entry.name, O_DIR_NOFOLLOW, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
+    except OSError:  # unreadable, or a link put in its place since the listing
+        tally.unread_dirs += 1
+        return
+    try:
+        _count_dir(child, tally, skip, budget, depth + 1)
+    finally:
+        os.close(child)
+
+
+def _count_dir(dir_fd: int, tally: _Tally, skip: frozenset, budget: _Budget, depth: int) -> None:
+    for entry in _entries(dir_fd, tally):
+        if budget.entries <= 0:
+            tally.unread_dirs += 1  # this directory is left part read
+            return
+        _count_entry(dir_fd, entry, tally, skip, budget, depth)
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
+
+
+def _root_use(root: str, skip: frozenset, budget: _Budget) -> dict[str, object]:
+    """One root's `usage` for the heartbeat: artifacts and partials apart, and the job ids that
+    have a partial directory or state file (J5: the control plane says which have ended)."""
+    artifacts, partials, jobs = _Tally(), _Tally(), set()
+    try:
+        root_fd = os.open(root, O_DIR_NOFOLLOW)
+    except OSError:  # gone or unreadable since it was observed: nothing is known of it
+        return {
+            "artifacts_bytes": None,
+            "artifacts_unread_dirs": 0,
+            "partials_bytes": None,
+            "partials_unread_dirs": 0,
+            "partial_jobs": [],
+        }
+    try:
+        for entry in _entries(root_fd, artifacts):
+            if entry.name != PARTIAL_DIR or not entry.is_dir(follow_symlinks=False):
+                _count_entry(root_fd, entry, artifacts, skip, budget, 1)
+                continue
+            try:
+                partials_fd = os.open(PARTIAL_DIR, O_DIR_NOFOLLOW, dir_fd=root_fd)
+            except OSError:
+                partials.unread_dirs += 1
+                continue
+            try:
+                for item in _entries(partials_fd, partials):
+                    job_id = item.name.removesuffix(".json")
+                    if JOB_ID_PATTERN.fullmatch(job_id):
+                        jobs.add(job_id)
+                    _count_entry(partials_fd, item, partials, skip, budget, 2)
+            finally:
+                os.close(partials_fd)
+    finally:
+        os.close(root_fd)
+    return {
+        "artifacts_bytes": artifacts.bytes,
+        "artifacts_unread_dirs": artifacts.unread_dirs,
+        "partials_bytes": partials.bytes,
+        "partials_unread_dirs": partials.unread_dirs,
+        "partial_jobs": sorted(jobs)[:MAX_PARTIAL_JOBS],  # more go in a later report, once these are gone
+    }
+
+
+def _quarantine_use(quarantine_dir: Path, skip: frozenset, budget: _Budget) -> dict[str, object]:
+    """The heartbeat's `quarantine_usage`: none yet is 0 (nothing ever failed verification), a
+    directory that cannot be opened is unknown (None), never 0."""
+    tally = _Tally()
+    try:
+        top = os.open(quarantine_dir, O_DIR_NOFOLLOW)
+    except FileNotFoundError:
+        return {"quarantine_bytes": 0, "quarantine_unread_dirs": 0}
+    except OSError:
+        return {"quarantine_bytes": None, "quarantine_unread_dirs": 0}
+    try:
+        _count_dir(top, tally, skip, budget, 1)
+    finally:
+        os.close(top)
+    return {"quarantine_bytes": tally.bytes, "quarantine_unread_dirs": tally.unread_dirs}
+
+
+@dataclass(frozen=True)
+class StorageUse:
+    """One measurement (J5): each root's `usage` by root id, the real path measured, and the quarantine's."""
+
+    roots: dict[str, dict[str, object]]
+    places: dict[str, str]
+    quarantine: dict[str, object]
+
+
+def measure_storage_use(roots: dict[str, str], quarantine_dir: Path) -> StorageUse:
+    """Walk each root (id → its real path, already checked to lie below the artifact directory)
+    and the quarantine with os.scandir on directory descriptors, never following a symlink, sizes
+    by lstat. A root inside another, or the quarantine inside a root, is counted once, as itself."""
+    identities = {root_id: _identity(path) for root_id, path in roots.items()}
+    quarantine = _identity(quarantine_dir)
+    budget = _Budget()
+    measured = {}
+    for root_id, path in roots.items():
+        others = {identity for other, identity in identities.items() if other != root_id} | {quarantine}
+        measured[root_id] = _root_use(path, frozenset(others - {None}), budget)
+    return StorageUse(measured, dict(roots), _quarantine_use(quarantine_dir, frozenset(), budget))
+
+
+def remove_partial(root: str, job_id: str) -> int:
+    """J5: remove `<root>/.partial/<job_id>/` and its state file, of a job the control plane says
+    has ended; the bytes freed. Reached through descriptors opened with O_NOFOLLOW: a `.partial`
+    that is a link is never entered, a link in the job's place is unlinked, never followed, and
+    nothing outside the root is touched."""
+    if not JOB_ID_PATTERN.fullmatch(job_id):
+        return 0
+    root_fd = os.open(root, O_DIR_NOFOLLOW)
+    try:
+        try:
+            partials_fd = os.open(PARTIAL_DIR, O_DIR_NOFOLLOW, dir_fd=root_fd)
+        except OSError as error:
+            if error.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                return 0  # none, or a link where the directory belongs: nothing is removed through it
+            raise
+    finally:
+        os.close(root_fd)
+    freed = 0
+    try:
+        for name in (job_id, f"{job_id}.json"):
+            try:
+                info = os.stat(name, dir_fd=partials_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                job_fd = os.open(name, O_DIR_NOFOLLOW, dir_fd=partials_fd)
+                try:
+                    freed += _counted(job_fd)[1]
+                finally:
+                    os.close(job_fd)
+                shutil.rmtree(name, dir_fd=partials_fd)
+            else:
+                freed += info.st_size if stat.S_ISREG(info.st_mode) else 0
+                os.unlink(name, dir_fd=partials_fd)
+    finally:
+        os.close(partials_fd)
+    return freed

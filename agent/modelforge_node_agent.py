@@ -7,9 +7,10 @@ registry and runner, publishing loop, command line. Standard library + requests 
 Each job family is a module beside this file that registers its handler when it is imported, and
 it is imported only when a job of its type is claimed (JOB_FAMILIES), so an idle agent stays
 small: modelforge_agent_acquire runs artifact.acquire.v1 with huggingface_hub (J3),
-modelforge_agent_artifacts runs artifact.delete.v1 (J5), and modelforge_agent_runtime relays
-runtime.benchmark.v1 and runtime.generate.v1 to the separate runtime worker (W1) over its Unix
-socket.
+modelforge_agent_artifacts runs artifact.delete.v1 and keeps the disk in order (J5: quarantine
+past its retention, partial directories of finished jobs, each root's use), and
+modelforge_agent_runtime relays runtime.benchmark.v1 and runtime.generate.v1 to the separate
+runtime worker (W1) over its Unix socket.
 
     python3 -m modelforge_node_agent [--preflight] [--once] [--version]
 """
@@ -105,6 +106,9 @@ HUB_DEADLINE_SECONDS = 300.0
 # when it starts and then hourly.
 QUARANTINE_RETENTION_DAYS = 14.0
 QUARANTINE_PRUNE_EVERY_SECONDS = 3600.0
+# J5: each root's use (artifacts, partials) and the quarantine's is measured at most this often,
+# and again as soon as a job has ended or a finished job's partial directory was removed.
+STORAGE_USE_SECONDS = 60.0
 PROGRESS_INTERVAL_SECONDS = 10.0  # when a claim names none
 STORAGE_REPORT_SECONDS = 60.0  # J1: root observations go out at least this often
 NOTABLE_FREE_CHANGE = 0.01  # … and sooner when free space moves by 1 % of the filesystem
@@ -1055,8 +1059,9 @@ def observe_root(root: StorageRoot, artifact_dir: Path, writable: bool | None = 
 
 
 def _notably_different(old: dict[str, object], new: dict[str, object]) -> bool:
-    """A root appeared, vanished, changed state, or its free space moved by 1 % of its size."""
-    if any(old.get(key) != new.get(key) for key in ("exists", "writable", "total_bytes")):
+    """A root appeared, vanished, changed state, its use was measured anew (J5: at most once a
+    minute) and differs, or its free space moved by 1 % of its size."""
+    if any(old.get(key) != new.get(key) for key in ("exists", "writable", "total_bytes", "usage")):
         return True
     before, after, total = old.get("free_bytes"), new.get("free_bytes"), new.get("total_bytes")
     if before is None or after is None or not total:
@@ -1072,6 +1077,7 @@ class StorageRoots:
         self.etag: str | None = None
         self.roots: list[StorageRoot] = []
         self.reported: dict[str, dict[str, object]] | None = None
+        self.reported_quarantine: dict[str, object] | None = None
         self.reported_at = 0.0
         # root id -> (writable, when probed): the write probe runs at most once a minute per root,
         # whether or not the heartbeat carrying it arrived; the cheap checks run on every beat.
@@ -1095,20 +1101,33 @@ class StorageRoots:
         self.reported = None  # a new list: observations go out with the next heartbeat
         self.probes = {}  # and each root is probed afresh (its path may have changed)
 
-    def heartbeat_fields(self, now: float) -> dict[str, object]:
-        """The etag we hold, and fresh observations when they are due (changed, or a minute old)."""
+    def heartbeat_fields(
+        self,
+        now: float,
+        usage: dict[str, dict[str, object]] | None = None,
+        quarantine: dict[str, object] | None = None,
+    ) -> dict[str, object]:
+        """The etag we hold, and fresh observations when they are due (changed, or a minute old).
+        J5: the last measurement adds each root's `usage` (by root id) and the node's
+        `quarantine_usage`; what was not measured is left out, never sent as 0."""
         if self.etag is None:
             return {}
         fields_: dict[str, object] = {"storage_roots_etag": self.etag}
         observed = {root.id: self.observe(root, now) for root in self.roots}
+        for root_id, facts in observed.items():
+            if facts["exists"] and (usage or {}).get(root_id) is not None:
+                facts["usage"] = usage[root_id]
         due = (
             self.reported is None
             or now - self.reported_at >= STORAGE_REPORT_SECONDS
             or observed.keys() != self.reported.keys()
             or any(_notably_different(self.reported[key], value) for key, value in observed.items())
+            or quarantine != self.reported_quarantine
         )
         if due:
             fields_["storage_roots"] = list(observed.values())
+            if quarantine is not None:
+                fields_["quarantine_usage"] = quarantine
         return fields_
 
     def observe(self, root: StorageRoot, now: float) -> dict[str, object]:
@@ -1128,6 +1147,7 @@ class StorageRoots:
         """The heartbeat carrying `fields_` arrived: its observations are the ones the server has."""
         if "storage_roots" in fields_:
             self.reported = {facts["id"]: facts for facts in fields_["storage_roots"]}
+            self.reported_quarantine = fields_.get("quarantine_usage")
             self.reported_at = now
 
 
@@ -1855,6 +1875,12 @@ class Agent:
         self.runner: JobRunner | None = None
         self.heartbeat_sent_at: float | None = None  # monotonic; the schedule's reference point (issue 22)
         self.quarantine_pruned_at: float | None = None  # monotonic; J5: when old evidence was last looked for
+        # J5: the last measurement of each root's use (modelforge_agent_artifacts.StorageUse), when
+        # it was made (monotonic) and for which root list; due again after a minute or a job's end.
+        self.storage_use = None
+        self.storage_use_measured_at: float | None = None
+        self.storage_use_etag: str | None = None
+        self.storage_use_due = True
 
     def versions(self) -> dict[str, object]:
         """The version fields every request carries (A1)."""
@@ -2078,7 +2104,8 @@ class Agent:
         storage roots (J1); the reply may carry a new root list and the number of waiting jobs."""
         samples, failures = self.telemetry()
         now = time.monotonic()
-        roots = self.storage_roots.heartbeat_fields(now)
+        use = self.measured_storage_use(now)
+        roots = self.storage_roots.heartbeat_fields(now, *((use.roots, use.quarantine) if use else ()))
         deployments = self.deployments.heartbeat_fields() if self.deployments is not None else {}
         body = {**self.versions(), "health": self.health(failures), "telemetry": samples, **roots, **deployments}
         self.heartbeat_sent_at = time.monotonic()
@@ -2086,10 +2113,62 @@ class Agent:
         self.note_clock(as_dict(reply.get("clock_warning")))
         self.storage_roots.delivered(roots, now)
         self.storage_roots.take_reply(reply)
+        self.remove_finished_partials(reply)
         self.take_deployments(reply)
         self.take_interval(reply)
         waiting = reply.get("jobs_waiting")
         self.jobs_waiting = waiting if isinstance(waiting, int) and not isinstance(waiting, bool) else 0
+
+    def measured_storage_use(self, now: float):
+        """J5: each root's use and the quarantine's, measured again when a minute has passed, the
+        root list changed or a job has ended; otherwise the last figures (the walk is bounded, but
+        not free). Only roots below the artifact directory are measured, as only they are observed."""
+        if self.storage_roots.etag is None:
+            return None
+        fresh = (
+            self.storage_use is not None
+            and not self.storage_use_due
+            and self.storage_use_etag == self.storage_roots.etag
+            and self.storage_use_measured_at is not None
+            and 0 <= now - self.storage_use_measured_at < STORAGE_USE_SECONDS
+        )
+        if fresh:
+            return self.storage_use
+        artifact_dir = self.config.data_dirs["artifacts"]
+        roots = {
+            root.id: os.path.realpath(root.container_path)
+            for root in self.storage_roots.roots
+            if root_problem(root.container_path, artifact_dir) is None
+        }
+        lifecycle = importlib.import_module("modelforge_agent_artifacts")
+        self.storage_use = lifecycle.measure_storage_use(roots, self.config.data_dirs["quarantine"])
+        self.storage_use_measured_at, self.storage_use_etag, self.storage_use_due = now, self.storage_roots.etag, False
+        return self.storage_use
+
+    def remove_finished_partials(self, reply: dict[str, object]) -> None:
+        """J5: the reply names the reported partial directories whose jobs have ended (succeeded,
+        failed or cancelled: no attempt will resume from them); each is removed inside the root it
+        was measured in, never the one of the job this agent runs now."""
+        finished = reply.get("finished_partial_jobs")
+        if not isinstance(finished, list) or self.storage_use is None:
+            return
+        running = self.runner.job.id if self.runner is not None and self.runner.alive() else None
+        names = {root.id: root.name for root in self.storage_roots.roots}
+        lifecycle = importlib.import_module("modelforge_agent_artifacts")
+        for root_id, usage in self.storage_use.roots.items():
+            for job_id in usage.get("partial_jobs", []):
+                if job_id not in finished or job_id == running:
+                    continue
+                root = names.get(root_id, root_id)
+                try:
+                    freed = lifecycle.remove_partial(self.storage_use.places[root_id], job_id)
+                except OSError as error:
+                    log.warning("job %s has finished; its partial directory on root %s stays (%s)", job_id, root, error)
+                    continue
+                log.info(
+                    "job %s has finished; removed its partial directory on root %s (%d bytes)", job_id, root, freed
+                )
+                self.storage_use_due = True
 
     def take_deployments(self, reply: dict[str, object]) -> None:
         """S2: keep the deployment list a reply carries; the runtime relay is imported the first time."""
@@ -2140,7 +2219,8 @@ class Agent:
                 # W1: no runtime job is claimed until the worker answers a probe again.
                 self.worker.forget(failure.message)
                 self.worker_changed()
-            self.runner, self.claim_due = None, True
+            # J5: what the job wrote, moved or left changes the roots' use; measured at the next beat.
+            self.runner, self.claim_due, self.storage_use_due = None, True, True
         job_types = [capability for capability in self.capabilities if capability in JOB_FAMILIES]
         if not job_types or not (self.claim_due or self.jobs_waiting > 0):
             return

@@ -176,7 +176,11 @@ def heartbeat():
     """Record liveness, health and telemetry; the reply carries the next interval (A2, L2)."""
     versions, answer, body, publisher = agent_request(bodies.HeartbeatRequest)
     samples = [sample.__dict__ for sample in body.telemetry]  # sampled_at is already a datetime
-    observations = [storage.Observation(**seen.__dict__) for seen in body.storage_roots]
+    observations = [
+        storage.Observation(**{**seen.__dict__, "usage": seen.usage.model_dump() if seen.usage else None})
+        for seen in body.storage_roots
+    ]
+    quarantine = body.quarantine_usage.model_dump() if body.quarantine_usage else None
     beat = publishing.record_heartbeat(
         publisher,
         versions,
@@ -186,12 +190,15 @@ def heartbeat():
         observations,
         body.storage_roots_etag,
         body.deployments_etag,
+        quarantine,
     )
     roots = {} if beat.storage_roots is None else {"storage_roots": beat.storage_roots}
     if beat.deployments is not None:  # S2: only when the agent's copy is out of date
         roots["deployments"] = beat.deployments
     if beat.clock_warning is not None:  # issue 22: readings dropped or stale; the agent logs the words
         roots["clock_warning"] = beat.clock_warning.to_dict()
+    if beat.finished_partial_jobs:  # J5: the agent removes these partial directories
+        roots["finished_partial_jobs"] = beat.finished_partial_jobs
     return _reply(
         answer,
         status="accepted",

@@ -441,8 +441,42 @@ class TelemetrySample(Body):
 assert tuple(name for name in TelemetrySample.model_fields if name in METRICS) == METRICS
 
 
+# J5: a job id as it names a partial directory (`<root>/.partial/<job_id>/`), the agent's JOB_ID_PATTERN;
+# one report names at most this many per root (the agent reports more once these are gone).
+PARTIAL_JOB_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+MAX_PARTIAL_JOBS = 64
+# Directories a measurement could not read (or did not, its bounds reached): its figure is then at least.
+UnreadDirs = whole(0, 2**31)
+
+
+class RootUsage(Body):
+    """J5: what one root holds, as the agent measured it (at most once a minute): bytes of regular
+    files, symlinks neither followed nor counted. A figure is null when the root could not be read
+    at all, and a lower bound when `*_unread_dirs` is not 0; an agent that reports no `usage` says
+    nothing, which is shown as unknown, never 0."""
+
+    artifacts_bytes: Bytes | None = None
+    artifacts_unread_dirs: UnreadDirs = 0
+    partials_bytes: Bytes | None = None
+    partials_unread_dirs: UnreadDirs = 0
+    partial_jobs: Annotated[
+        list[Annotated[str, StringConstraints(pattern=PARTIAL_JOB_PATTERN)]],
+        Field(
+            max_length=MAX_PARTIAL_JOBS,
+            json_schema_extra={"description": "Jobs with a partial directory here; the reply names the finished ones"},
+        ),
+    ] = []
+
+
+class QuarantineUsage(Body):
+    """J5: the node's quarantine directory (one for all roots), measured like a root's use."""
+
+    quarantine_bytes: Bytes | None = None
+    quarantine_unread_dirs: UnreadDirs = 0
+
+
 class RootObservation(Body):
-    """J1: what the agent saw of one storage root it was told about."""
+    """J1: what the agent saw of one storage root it was told about; J5: and what it holds."""
 
     id: Uuid
     exists: bool
@@ -450,15 +484,18 @@ class RootObservation(Body):
     free_bytes: Bytes | None
     total_bytes: Bytes | None
     observed_at: SampleTime
+    usage: RootUsage | None = None
 
 
 class HeartbeatRequest(Versions):
-    """A2, L2: liveness, health and telemetry; J1: the storage roots the agent knows and sees."""
+    """A2, L2: liveness, health and telemetry; J1: the storage roots the agent knows and sees; J5:
+    the quarantine's use, sent with them."""
 
     health: Health
     telemetry: Annotated[list[TelemetrySample], Field(max_length=MAX_GPUS)] = []
     storage_roots_etag: optional_text(64) = None
     storage_roots: Annotated[list[RootObservation], Field(max_length=MAX_GPUS)] = []
+    quarantine_usage: QuarantineUsage | None = None
     # S2: the agent's copy of its deployments list; the reply carries the list only when it differs.
     deployments_etag: optional_text(64) = None
 

@@ -407,7 +407,8 @@ class DeploymentToServe(Reply):
 
 class HeartbeatAccepted(Accepted):
     """A2: recorded; `storage_roots` only when the agent's etag is out of date (J1), `deployments`
-    likewise (S2); `clock_warning` only when the node's clock cost readings (issue 22)."""
+    likewise (S2); `clock_warning` only when the node's clock cost readings (issue 22);
+    `finished_partial_jobs` only when a reported partial directory belongs to a job that has ended (J5)."""
 
     jobs_waiting: Count
     storage_roots_etag: str = None
@@ -415,6 +416,8 @@ class HeartbeatAccepted(Accepted):
     deployments_etag: str
     deployments: list[DeploymentToServe] = None
     clock_warning: ClockWarning = None
+    # J5: of the partial directories the agent reported, those of this node's jobs that have ended.
+    finished_partial_jobs: list[str] = None
 
 
 # --- Storage roots, jobs, artifacts, runtime results (J1–J3, W2) ---

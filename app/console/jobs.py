@@ -314,6 +314,7 @@ def node_work_context(node_id: str) -> dict[str, object]:
         **_runtime_context(node_id),
         **_runtime_jobs_context(node_id),
         **_artifacts_context(node_id),
+        "root_usage": storage.usage_for_node(node_id),
         "root_form": StorageRootForm(formdata=None),
     }
 
@@ -343,8 +344,13 @@ def _refetched_panel(node_id: str, template: str, context: Callable[[str], dict[
 @bp.get("/hardware/nodes/<node_id>/storage-roots")
 @login_required
 def node_roots(node_id: str):
-    """J1: the roots table with what the agent last observed; refreshes itself on the node page."""
-    return _refetched_panel(node_id, "partials/_node_roots.html", lambda node: {"roots": storage.for_node(node)})
+    """J1: the roots table with what the agent last observed (J5: and each root's use); refreshes
+    itself on the node page."""
+    return _refetched_panel(
+        node_id,
+        "partials/_node_roots.html",
+        lambda node: {"roots": storage.for_node(node), "root_usage": storage.usage_for_node(node)},
+    )
 
 
 @bp.post("/hardware/nodes/<node_id>/storage-roots")

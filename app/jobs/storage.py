@@ -11,9 +11,16 @@ from sqlalchemy.exc import IntegrityError
 from app import audit
 from app.errors import DomainError
 from app.extensions import db
-from app.models import Artifact, Job, NodeLease, StorageRoot
+from app.models import Artifact, Job, NodeInventory, NodeLease, StorageRoot
 from app.models.jobs import TERMINAL_STATES
 from app.nodes import get as get_node
+from app.timeutil import isoformat, utcnow
+
+# J5: each root's use and the quarantine's, as the heartbeat last reported them, kept in the node's
+# inventory facts under this key (a JSON column: no column, no migration of its own). The agent's
+# inventory never sets it (app.api.bodies.InventoryFacts drops what it does not declare), and a new
+# inventory keeps it (app.nodes.publishing.record_inventory).
+USAGE_FACT = "storage_usage"
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class Observation:
     free_bytes: int | None
     total_bytes: int | None
     observed_at: datetime
+    usage: dict[str, object] | None = None  # J5: app.api.bodies.RootUsage, when the agent measured it
 
 
 def _roots_changed(node_id: str) -> None:
@@ -145,3 +153,63 @@ def record_observations(node_id: str, observations: list[Observation]) -> None:
                 observed_at=seen.observed_at,
             )
         )
+
+
+def record_usage(node_id: str, observations: list[Observation], quarantine: dict[str, object] | None) -> None:
+    """J5: keep what the agent measured of its roots (this node's only) and of its quarantine.
+
+    Nothing is written when the heartbeat carries no measurement (an older agent, or none due), so
+    an unknown figure stays unknown. The inventory row is locked first (PostgreSQL), before the
+    heartbeat touches the lease, in the order an inventory takes them, so the two never deadlock
+    and neither loses what the other wrote; with no inventory yet, the next report (a minute) finds one.
+    """
+    measured = {seen.id: seen.usage for seen in observations if seen.usage is not None}
+    if not measured and quarantine is None:
+        return
+    connection = db.session.connection()
+    row = connection.execute(
+        sa.select(NodeInventory.facts).where(NodeInventory.node_id == node_id).with_for_update()
+    ).first()
+    if row is None:
+        return
+    own = set(
+        db.session.scalars(
+            sa.select(StorageRoot.id).where(StorageRoot.node_id == node_id, StorageRoot.id.in_(list(measured)))
+        )
+    )
+    roots = {
+        root_id: {key: value for key, value in usage.items() if key != "partial_jobs"}
+        for root_id, usage in measured.items()
+        if root_id in own
+    }
+    facts = dict(row.facts) if isinstance(row.facts, dict) else {}
+    facts[USAGE_FACT] = {"roots": roots, "quarantine": quarantine, "reported_at": isoformat(utcnow())}
+    connection.execute(sa.update(NodeInventory).where(NodeInventory.node_id == node_id).values(facts=facts))
+
+
+def finished_partial_jobs(node_id: str, observations: list[Observation]) -> list[str]:
+    """J5: of the jobs whose partial directories the agent reported, this node's that have ended
+    (succeeded, failed, cancelled): no attempt resumes from them, so the agent removes them. A
+    queued job keeps its directory for its next attempt; an id this node has no job of is left alone."""
+    reported = sorted({job for seen in observations for job in (seen.usage or {}).get("partial_jobs", [])})
+    if not reported:
+        return []
+    return sorted(
+        db.session.scalars(
+            sa.select(Job.id).where(Job.node_id == node_id, Job.id.in_(reported), Job.state.in_(list(TERMINAL_STATES)))
+        )
+    )
+
+
+def usage_for_node(node_id: str) -> dict[str, object]:
+    """J5: what the agent last measured, `{"roots": {root id: usage}, "quarantine": … or None}`;
+    empty mappings when it never reported (an older agent): shown as unknown, never 0."""
+    facts = db.session.scalar(sa.select(NodeInventory.facts).where(NodeInventory.node_id == node_id))
+    stored = facts.get(USAGE_FACT) if isinstance(facts, dict) else None
+    stored = stored if isinstance(stored, dict) else {}
+    roots = stored.get("roots")
+    quarantine = stored.get("quarantine")
+    return {
+        "roots": roots if isinstance(roots, dict) else {},
+        "quarantine": quarantine if isinstance(quarantine, dict) else None,
+    }

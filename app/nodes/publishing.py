@@ -339,6 +339,7 @@ class BeatReply:
     deployments_etag: str = "0"
     deployments: list[dict[str, object]] | None = None  # S2: likewise
     clock_warning: ClockWarning | None = None  # issue 22: readings the node's clock cost
+    finished_partial_jobs: list[str] = ()  # J5: reported partial directories whose jobs have ended
 
 
 def record_heartbeat(
@@ -350,6 +351,7 @@ def record_heartbeat(
     observations: list[storage.Observation] = (),
     roots_etag: str | None = None,
     deployments_etag: str | None = None,
+    quarantine_usage: dict[str, object] | None = None,
 ) -> BeatReply:
     """L2: one narrow lease UPDATE (liveness) and one batch INSERT (telemetry), one commit.
 
@@ -364,6 +366,9 @@ def record_heartbeat(
         health_detail = _with_note(health_detail, clock)
         _note_clock(publisher.node_id, clock)
     connection = db.session.connection()
+    # J5: before the lease, as an inventory orders its locks (storage.record_usage); only a beat that
+    # carries a measurement (at most one a minute) writes anything here.
+    storage.record_usage(publisher.node_id, observations, quarantine_usage)
     beat = {
         "lease_node_id": publisher.node_id,
         "accept_before": rate_limits.accept_before(now),
@@ -395,6 +400,7 @@ def record_heartbeat(
         connection.execute(_INSERT_SAMPLES[connection.dialect.name], rows)
     if observations:
         storage.record_observations(publisher.node_id, observations)
+    finished = storage.finished_partial_jobs(publisher.node_id, observations)
     # J1: the root list travels only when the agent's copy is out of date; version 0 means the
     # node never had one, which needs no query.
     etag = str(lease.storage_roots_version)
@@ -425,6 +431,7 @@ def record_heartbeat(
         deployments_etag=served_etag,
         deployments=served,
         clock_warning=clock,
+        finished_partial_jobs=finished,
     )
 
 
@@ -553,8 +560,12 @@ def record_inventory(
     # this inventory's contradiction then sees and clears it, and two evidence writes never race.
     # Inventories are rare (start, GPU change); the heartbeat's path takes no such lock.
     node = acceptance.lock_node(node_id)
-    inventory = db.session.get(NodeInventory, node_id)
+    # J5: locked (PostgreSQL) so a heartbeat's measurement (storage.record_usage) is never lost to it.
+    inventory = db.session.get(NodeInventory, node_id, with_for_update=True)
     previous_facts = inventory.facts if inventory is not None else None
+    if isinstance(previous_facts, dict) and storage.USAGE_FACT in previous_facts:
+        # J5: the roots' use comes with the heartbeat, not the inventory: a new inventory keeps it.
+        facts = {**facts, storage.USAGE_FACT: previous_facts[storage.USAGE_FACT]}
     if inventory is None:
         db.session.add(NodeInventory(node_id=node_id, facts=facts, received_at=now))
     else:
