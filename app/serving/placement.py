@@ -39,7 +39,6 @@ from app.nodes.liveness import may_receive_work
 from app.serving import estimate as estimates
 from app.timeutil import utcnow
 
-GIB = 1 << 30
 ELIGIBILITY = {"lab": "lab_eligible", "production": "production_eligible"}
 # Deployments that hold (or will take back) their memory on a node; an unloaded one reloads on demand.
 _HOLDING = (

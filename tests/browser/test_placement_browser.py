@@ -64,6 +64,10 @@ def test_deploy_with_the_preview_watch_it_unload_and_reload_then_delete_its_arti
     row.locator("button:has-text('Delete')").click()
     expect(page.locator(f"button[hx-post$='/artifacts/{artifact_id}/delete']")).to_have_count(0, timeout=30_000)
     wait_until(lambda: not any(artifact_dir.rglob("tiny.gguf")), "the artifact's files to leave the disk", 30)
-    listed = api(jobs_server, "GET", f"/api/v1/admin/nodes/{node_id}/artifacts").json()["artifacts"]
-    assert listed == []
+    wait_until(
+        lambda: api(jobs_server, "GET", f"/api/v1/admin/nodes/{node_id}/artifacts").json()["artifacts"] == [],
+        "the artifact to leave the node's list once its delete job has finished",
+        30,
+    )
+    expect(page.locator(f"tr[data-artifact-id='{artifact_id}']")).to_have_count(0, timeout=30_000)  # the page's too
     page.steps.shot("deleted")
