@@ -8,16 +8,14 @@ engine process's RSS that the worker reports in the deployment's `measured.memor
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from app.serving import estimate
 from modelforge_agent_gguf import describe_file
-from tests.llama.test_worker_serving import deploy
 from tests.support.tiny_gguf import write_tiny_llama
-from tests.support.worker import WorkerProcess, short_socket_dir
+from tests.support.worker import deploy, serving_worker
 
 TOLERANCE = 0.15
 MIB = 2**20
@@ -74,11 +72,8 @@ def models(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def worker(models, tmp_path_factory):
-    directory = short_socket_dir()
-    process = WorkerProcess(directory / "w.sock", models, tmp_path_factory.mktemp("worker") / "worker.log").start()
-    yield process
-    assert process.stop() == 0, process.log()
-    shutil.rmtree(directory, ignore_errors=True)
+    with serving_worker(models, tmp_path_factory.mktemp("worker") / "worker.log") as process:
+        yield process
 
 
 def header_facts(models: Path, name: str) -> dict:

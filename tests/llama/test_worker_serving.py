@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.support import wait_until
 from tests.support.tiny_gguf import write_tiny_llama, write_truncated
-from tests.support.worker import UnixHTTPConnection, WorkerProcess, short_socket_dir
+from tests.support.worker import UnixHTTPConnection, WorkerProcess, deploy, serving_worker
 
 CHAT_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
 LOAD_TIMEOUT = 60.0
@@ -38,25 +36,8 @@ def artifacts(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def worker(artifacts, tmp_path_factory):
-    directory = short_socket_dir()
-    process = WorkerProcess(directory / "w.sock", artifacts, tmp_path_factory.mktemp("worker") / "worker.log").start()
-    yield process
-    assert process.stop() == 0, process.log()
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def deploy(worker: WorkerProcess, model_path: str = "tiny.gguf", **spec) -> dict:
-    """PUT a deployment and wait until it is no longer loading; its status."""
-    deployment_id = f"dep-{uuid.uuid4().hex[:12]}"
-    code, status = worker.call("PUT", f"/v1/deployments/{deployment_id}", {"model_path": model_path, **spec})
-    assert code == 202, status
-    assert status["state"] == "loading"
-
-    def loaded():
-        answer = worker.call("GET", f"/v1/deployments/{deployment_id}")[1]
-        return answer if answer["state"] != "loading" else None
-
-    return wait_until(loaded, f"deployment {deployment_id} to load", LOAD_TIMEOUT)
+    with serving_worker(artifacts, tmp_path_factory.mktemp("worker") / "worker.log") as process:
+        yield process
 
 
 class Stream:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +16,10 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+
+from tests.support import wait_until
 
 START_TIMEOUT = 30.0
 JOB_TIMEOUT = 120.0
@@ -184,3 +188,32 @@ def gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+LOAD_TIMEOUT = 60.0  # a deployment's load on the worker, tiny or test-sized models
+
+
+@contextmanager
+def serving_worker(artifacts: Path, log_path: Path):
+    """A worker serving `artifacts` on a short socket path, stopped cleanly (exit 0) at the end."""
+    directory = short_socket_dir()
+    process = WorkerProcess(directory / "w.sock", artifacts, log_path).start()
+    try:
+        yield process
+        assert process.stop() == 0, process.log()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def deploy(worker: WorkerProcess, model_path: str = "tiny.gguf", **spec) -> dict:
+    """PUT a deployment and wait until it is no longer loading; its status."""
+    deployment_id = f"dep-{uuid.uuid4().hex[:12]}"
+    code, status = worker.call("PUT", f"/v1/deployments/{deployment_id}", {"model_path": model_path, **spec})
+    assert code == 202, status
+    assert status["state"] == "loading"
+
+    def loaded():
+        answer = worker.call("GET", f"/v1/deployments/{deployment_id}")[1]
+        return answer if answer["state"] != "loading" else None
+
+    return wait_until(loaded, f"deployment {deployment_id} to load", LOAD_TIMEOUT)

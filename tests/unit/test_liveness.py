@@ -15,23 +15,14 @@ from app.models import AuditEvent, Gpu, NodeLease, SweepTick, TelemetryRollup, T
 from app.nodes import liveness, readiness, retention
 from app.timeutil import utcnow
 from tests.support import ADMIN, OPERATOR_KEY, factories
-from tests.support.nodes import online_node
+from tests.support.nodes import online_node, silence
 
+age_lease = silence  # the lease's heartbeat `seconds` old (tests/support/nodes.py)
 HEARTBEAT = "/api/v1/agent/heartbeat"
 
 
 def settings(app):
     return app.config["MODELFORGE"]
-
-
-def age_lease(app, node_id, seconds):
-    with app.app_context():
-        db.session.execute(
-            sa.update(NodeLease)
-            .where(NodeLease.node_id == node_id)
-            .values(last_heartbeat_at=utcnow() - timedelta(seconds=seconds))
-        )
-        db.session.commit()
 
 
 def events(app, action=None):
