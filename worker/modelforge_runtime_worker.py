@@ -987,6 +987,15 @@ def run_engine_job(request: dict, engine: Engine, llama_cpp, step: Callable[[str
     return {"load_seconds": round(load_seconds, 6), **figures}
 
 
+def _shown_bytes(data: bytes) -> str:
+    """A file's first bytes for a person: printable ASCII as quoted text, anything else in hex."""
+    if not data:
+        return "nothing (the file is empty)"
+    if all(0x20 <= byte < 0x7F for byte in data):
+        return f"“{data.decode('ascii')}”"
+    return "the bytes " + data.hex(" ")
+
+
 def load_model(engine: Engine, llama_cpp, model_path: Path, gpu_layers: int, n_ctx: int, n_batch: int):
     """Check the GGUF magic and load the model; anything wrong that llama.cpp reports (rather
     than dies of) is MODEL_LOAD_FAILED with its reason."""
@@ -996,7 +1005,7 @@ def load_model(engine: Engine, llama_cpp, model_path: Path, gpu_layers: int, n_c
     except OSError as error:
         raise JobFailed(MODEL_LOAD_FAILED, f"the model file cannot be read ({error.strerror})") from None
     if magic != GGUF_MAGIC:
-        raise JobFailed(MODEL_LOAD_FAILED, f"not a GGUF file (starts with {magic!r}, not {GGUF_MAGIC!r})")
+        raise JobFailed(MODEL_LOAD_FAILED, f"not a GGUF file: it starts with {_shown_bytes(magic)}, not “GGUF”")
     engine.clear_errors()
     start = time.perf_counter()
     try:

@@ -128,6 +128,20 @@ def _short(value: object) -> object:
     return value if isinstance(value, bool | int | float) or value is None else str(value)[:MAX_VALUE]
 
 
+def _said(value: object, shown: str, missing: str) -> str:
+    """What the inspect said of a field, in words: `shown` with the value, or `missing` when it said nothing."""
+    return missing if value in (None, "") else shown.format(value)
+
+
+def _yes_no(value: object, yes: str, no: str) -> str:
+    """A true/false field in words; anything else is reported as it came, never as a Python repr."""
+    if value is True:
+        return yes
+    if value is False:
+        return no
+    return _said(value, "{} (not true or false)", "not reported")
+
+
 def project(document: dict[str, object]) -> dict[str, object]:
     """What is kept of the paste: the checked fields, env names (no values), labels without secret values."""
     config, host, state = _dict(document.get("Config")), _dict(document.get("HostConfig")), _dict(document.get("State"))
@@ -280,14 +294,22 @@ def checks(seen: dict[str, object], expected_image: dict[str, object] | None) ->
     ports |= seen["published_ports"]
     running = seen["state"]["running"] is True or seen["state"]["status"] == "running"
     return [
-        {"check": "running", "passed": running, "seen": f"status {seen['state']['status']}"},
+        {
+            "check": "running",
+            "passed": running,
+            "seen": _said(seen["state"]["status"], "status {}", "no status reported"),
+        },
         {
             "check": "restart_policy",
             "passed": seen["restart_policy"] in RESTART_POLICIES,
             "seen": str(seen["restart_policy"] or "none"),
             "expected": " or ".join(RESTART_POLICIES),
         },
-        {"check": "read_only_root", "passed": seen["readonly_rootfs"] is True, "seen": str(seen["readonly_rootfs"])},
+        {
+            "check": "read_only_root",
+            "passed": seen["readonly_rootfs"] is True,
+            "seen": _yes_no(seen["readonly_rootfs"], "read-only root", "writable root"),
+        },
         {
             "check": "capabilities_dropped",
             "passed": all_dropped,
@@ -298,7 +320,11 @@ def checks(seen: dict[str, object], expected_image: dict[str, object] | None) ->
             "passed": no_new_privileges,
             "seen": ", ".join(map(str, seen["security_opt"])) or "no security options",
         },
-        {"check": "not_privileged", "passed": seen["privileged"] is not True, "seen": str(seen["privileged"])},
+        {
+            "check": "not_privileged",
+            "passed": seen["privileged"] is not True,
+            "seen": _yes_no(seen["privileged"], "privileged", "not privileged"),
+        },
         {"check": "no_published_ports", "passed": not ports, "seen": ", ".join(sorted(ports)) or "none"},
         {"check": "no_container_socket", "passed": not sockets, "seen": ", ".join(sockets) or "none mounted"},
         _image_check(seen, expected_image),

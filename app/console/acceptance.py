@@ -48,15 +48,15 @@ def gpu_comparison(evidence: dict[str, object]) -> list[dict[str, object]]:
     smi = {str(gpu.get("uuid")): gpu for gpu in evidence.get("nvidia_smi") or [] if isinstance(gpu, dict)}
     nvml = {str(gpu.get("uuid")): gpu for gpu in evidence.get("nvml") or [] if isinstance(gpu, dict)}
     mismatches = [str(problem) for problem in evidence.get("mismatches") or []]
-    return [
-        {
-            "uuid": uuid,
-            "smi": smi.get(uuid),
-            "nvml": nvml.get(uuid),
-            "problems": [problem for problem in mismatches if uuid in problem],
-        }
-        for uuid in sorted(smi.keys() | nvml.keys())
-    ]
+    rows = []
+    for uuid in sorted(smi.keys() | nvml.keys()):
+        problems = [problem for problem in mismatches if uuid in problem]
+        # "agree" needs both readings and no disagreement; one side missing is not evidence of agreement.
+        agreement = "no" if problems else "yes" if uuid in smi and uuid in nvml else "not compared"
+        rows.append(
+            {"uuid": uuid, "smi": smi.get(uuid), "nvml": nvml.get(uuid), "problems": problems, "agreement": agreement}
+        )
+    return rows
 
 
 def node_acceptance_context(node_id: str) -> dict[str, object]:

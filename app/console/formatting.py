@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
+from flask import url_for
+from markupsafe import Markup
+
 from app.nodes import NodeSummary
 from app.timeutil import parse_rfc3339
 
@@ -50,12 +53,22 @@ def _moment(value: datetime | str | None) -> datetime | None:
     return value
 
 
-def utc(value: datetime | str | None) -> str:
-    """An RFC 3339 string or datetime as '2026-11-30 04:18:33 UTC'; None → '—'."""
+def iso(value: datetime | str | None) -> str:
+    """A moment as RFC 3339 in UTC to the second, '2026-11-30T04:18:33Z', for attributes; None → ''."""
+    moment = _moment(value)
+    if moment is None:
+        return ""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def utc(value: datetime | str | None) -> Markup | str:
+    """A moment as `<time datetime="…Z">2026-11-30 04:18:33 UTC</time>`, whole seconds; console.js
+    shows it in the reader's local time with the UTC text as its title. None → '—'."""
     moment = _moment(value)
     if moment is None:
         return "—"
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    text = moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return Markup('<time datetime="{}" data-local-time>{}</time>').format(iso(moment), text)
 
 
 def age_since(value: datetime | str | None, now: datetime | None = None) -> str:
@@ -68,12 +81,11 @@ def age_since(value: datetime | str | None, now: datetime | None = None) -> str:
 
 
 def human_rate(bytes_per_second: float | None) -> str:
-    """A transfer rate in decimal megabytes, as download tools show it: 12.3 MB/s; None → '—'."""
-    if bytes_per_second is None or bytes_per_second < 0:
+    """A transfer rate in the units sizes are shown in (binary, as everywhere in the console):
+    2.0 MiB/s; None → '—'."""
+    if not isinstance(bytes_per_second, int | float) or bytes_per_second < 0:
         return "—"
-    if bytes_per_second < 100_000:
-        return f"{bytes_per_second / 1000:.1f} kB/s"
-    return f"{bytes_per_second / 1_000_000:.1f} MB/s"
+    return human_bytes(bytes_per_second) + "/s"
 
 
 def eta(seconds: float | None) -> str:
@@ -150,12 +162,72 @@ def eligibility_text(node: NodeSummary) -> str:
     return ", ".join(flags) or "none"
 
 
+def plain(value: object) -> str:
+    """A stored value in words, never a Python repr: None → 'none', True → 'yes', [] → 'none',
+    a list joined with commas, a mapping as 'key: value' pairs, bytes as text."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list | tuple | set | frozenset):
+        return ", ".join(plain(item) for item in value) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{_label(key)}: {plain(item)}" for key, item in value.items()) or "none"
+    return str(value)
+
+
+def _label(key: object) -> str:
+    return str(key).replace("_", " ")
+
+
+# Audit details that name something with its own page (C5): the id becomes a link to it.
+_DETAIL_LINKS = {
+    "job_id": ("console.job_page", "job_id"),
+    "deployment_id": ("console.deployment_page", "deployment_id"),
+    "node_id": ("console.node_page", "node_id"),
+    "enrollment_id": ("console.enrollment_progress", "enrollment_id"),
+}
+
+
+def audit_details(details: dict[str, object] | None, node_names: dict[str, str] | None = None) -> Markup:
+    """An audit event's details as labelled words (`previous: none`, `production eligible: no`),
+    ids of jobs, deployments, nodes and enrolments as links to their pages."""
+    pieces = []
+    for key, value in sorted((details or {}).items()):
+        text = plain(value)
+        link = _DETAIL_LINKS.get(key)
+        if link and isinstance(value, str) and value:
+            endpoint, argument = link
+            shown = (node_names or {}).get(value, value) if key == "node_id" else value
+            text = Markup('<a href="{}">{}</a>').format(url_for(endpoint, **{argument: value}), shown)
+        pieces.append(Markup('<span class="mf-label">{}: {}</span>').format(_label(key), text))
+    return Markup(" ").join(pieces) if pieces else Markup("—")
+
+
+def audit_actor(actor: str, node_names: dict[str, str] | None = None) -> Markup | str:
+    """Who did it: 'operator', 'ModelForge' for the control plane's own sweeps, or 'agent on
+    <node name>' linked to the node for `agent:<node id>`."""
+    kind, _, node_id = actor.partition(":")
+    if kind == "agent" and node_id:
+        name = (node_names or {}).get(node_id, node_id)
+        return Markup('agent on <a href="{}"><bdi>{}</bdi></a>').format(
+            url_for("console.node_page", node_id=node_id), name
+        )
+    return "ModelForge" if actor == "system" else actor
+
+
 FILTERS = {
+    "plain": plain,
+    "audit_details": audit_details,
+    "audit_actor": audit_actor,
     "mean_sd": mean_sd,
     "seconds": seconds,
     "human_bytes": human_bytes,
     "human_age": human_age,
     "utc": utc,
+    "iso": iso,
     "age_since": age_since,
     "human_rate": human_rate,
     "eta": eta,

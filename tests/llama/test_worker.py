@@ -291,7 +291,10 @@ def test_a_symlink_that_stays_inside_the_artifact_dir_is_followed(worker):
 
 @pytest.mark.parametrize(
     ("model_path", "reason"),
-    [("not-gguf.gguf", "not a GGUF file"), ("truncated.gguf", "not within the file bounds")],
+    [
+        ("not-gguf.gguf", "not a GGUF file: it starts with the bytes 50 4b 03 04, not “GGUF”"),
+        ("truncated.gguf", "not within the file bounds"),
+    ],
 )
 def test_a_file_llama_cpp_cannot_load_fails_the_job_with_model_load_failed(worker, artifacts, model_path, reason):
     status = worker.run_job("runtime.benchmark.v1", benchmark(model_path, **SMALL_BENCHMARK))
@@ -299,6 +302,7 @@ def test_a_file_llama_cpp_cannot_load_fails_the_job_with_model_load_failed(worke
     assert status["error"]["code"] == "MODEL_LOAD_FAILED"
     assert status["error"]["retryable"] is False
     assert reason in status["error"]["message"]
+    assert "b'" not in status["error"]["message"], "a person reads the file's first bytes, not a Python repr"
     assert str(artifacts) not in status["error"]["message"], "the worker's own paths stay out of job errors"
     assert status["result"] is None
     assert_serves(worker)

@@ -189,7 +189,7 @@ def test_the_job_page_polls_while_the_job_runs_shows_progress_and_stops_when_it_
     assert f"seen_bytes={10 * MiB}" in poll and "seen_at=" in poll
     earlier = isoformat(parse_rfc3339(reported_at) - timedelta(seconds=5))
     measured = fragment(console, f"/jobs/{job_id}?seen_bytes=0&seen_at={earlier}")
-    assert "2.1 MB/s" in measured  # 10 MiB in 5 s
+    assert "2.0 MiB/s" in measured  # 10 MiB in 5 s, in the units sizes are shown in
     assert "about 15 s left" in measured  # 30 MiB to go at that rate
 
     final = f"{CONTAINER_PATH}/models/owner/tiny/{COMMIT}"
@@ -593,7 +593,7 @@ def test_the_console_refuses_exactly_what_the_api_refuses(field, value):
 
 
 def test_sizes_rates_and_times_read_at_a_glance():
-    assert human_rate(2_097_152) == "2.1 MB/s" and human_rate(5_000) == "5.0 kB/s" and human_rate(None) == "—"
+    assert human_rate(2_097_152) == "2.0 MiB/s" and human_rate(5_000) == "4.9 KiB/s" and human_rate(None) == "—"
     assert eta(14.2) == "about 15 s" and eta(600) == "about 10 min" and eta(None) == "—"
     assert short_commit(COMMIT) == "0123456" and short_commit(None) == "—"
     form_bytes = Decimal("1.5") * forms.SIZE_UNITS["GiB"]
