@@ -71,6 +71,14 @@ INVENTORY_CHECK_SECONDS = 60.0
 INVENTORY_MAX_AGE_SECONDS = 3600.0
 RETRY_AFTER_MAX_SECONDS = 3600  # A2: the longest Retry-After the agent honours as given
 SERVER_WORDS_MAX = 600  # the most of a refusal's message and next step one log line carries
+# N4: the four named data directories: the variable that sets each, and its default (the image's
+# volumes, D2). Outside the image each must be set: health and --preflight check all four.
+DATA_DIRS = {
+    "state": ("MODELFORGE_AGENT_STATE_DIR", "/data/state"),
+    "hf-cache": ("MODELFORGE_AGENT_HF_CACHE_DIR", "/data/hf-cache"),
+    "artifacts": ("MODELFORGE_AGENT_ARTIFACT_DIR", "/data/artifacts"),
+    "quarantine": ("MODELFORGE_AGENT_QUARANTINE_DIR", "/data/quarantine"),
+}
 # Example hosts from our docs: an agent pointed at one was never configured.
 PLACEHOLDER_HOSTS = ("modelforge.example", "example.com", "example.internal")
 
@@ -289,12 +297,7 @@ def load_config(env: dict[str, str], *, need_url: bool = True) -> Config:
         raise ConfigError(f"MODELFORGE_AGENT_CA_CERT_PATH={ca_cert_path} is not a readable file")
     if ca_cert_path and not tls_verify:
         raise ConfigError("MODELFORGE_AGENT_TLS_VERIFY=false contradicts MODELFORGE_AGENT_CA_CERT_PATH")
-    dirs = {
-        "state": Path(env.get("MODELFORGE_AGENT_STATE_DIR") or "/data/state"),
-        "hf-cache": Path(env.get("MODELFORGE_AGENT_HF_CACHE_DIR") or "/data/hf-cache"),
-        "artifacts": Path(env.get("MODELFORGE_AGENT_ARTIFACT_DIR") or "/data/artifacts"),
-        "quarantine": Path(env.get("MODELFORGE_AGENT_QUARANTINE_DIR") or "/data/quarantine"),
-    }
+    dirs = {name: Path(env.get(variable) or default) for name, (variable, default) in DATA_DIRS.items()}
     return Config(
         control_plane_url=_control_plane_url(env) if need_url else None,
         enrollment_token=env.get("MODELFORGE_AGENT_ENROLLMENT_TOKEN", "").strip() or None,
@@ -541,8 +544,10 @@ def run_preflight(mode: str, nvml: Nvml, env: dict[str, str], root: str = "/") -
     return result
 
 
-def preflight_report(result: Preflight) -> str:
-    """A short human report of the preflight."""
+def preflight_report(
+    result: Preflight, directories: dict[str, Path] | None = None, problems: dict[str, str] | None = None
+) -> str:
+    """A short human report of the preflight: the NVIDIA checks, then each data directory given."""
     lines = [f"modelforge-node-agent {AGENT_VERSION} preflight", f"  accelerator: {result.reason}"]
     for gpu in result.gpus:
         memory = gpu.memory_total_bytes
@@ -556,10 +561,18 @@ def preflight_report(result: Preflight) -> str:
             f"  telemetry {sample['gpu_uuid']}: util {sample['utilization_gpu_percent']}% "
             f"mem {sample['memory_used_bytes']}B temp {sample['temperature_c']}C power {sample['power_w']}W"
         )
-    if result.ok:
-        lines.append("  result: PASS")
-    else:
+    problems = problems or {}
+    for name, path in (directories or {}).items():
+        if name in problems:
+            lines.append(f"  data directory {name}: {problems[name]}; create it or set {DATA_DIRS[name][0]}")
+        else:
+            lines.append(f"  data directory {name}: {path} is writable")
+    if not result.ok:
         lines.append(f"  result: FAIL {result.code}: {result.hint}")
+    elif problems:
+        lines.append(f"  result: FAIL data directories unusable: {', '.join(sorted(problems))}")
+    else:
+        lines.append("  result: PASS")
     return "\n".join(lines)
 
 
@@ -1031,6 +1044,22 @@ def writable_dir(path: str) -> bool:
     except OSError:  # a root we cannot clean up after is not one to write to; never let this escape
         return False
     return True
+
+
+# N4, R1: what the agent's health and `--preflight` both ask of each named data directory, in one
+# place: a directory this agent can create files in. A bare-metal agent whose variables point at
+# nothing (the /data/* defaults outside the image) hears it from both, in the same words.
+def data_dir_problems(directories: dict[str, Path]) -> dict[str, str]:
+    """Why each unusable data directory cannot be used (name -> reason); empty when all can."""
+    problems = {}
+    for name, path in directories.items():
+        if not path.exists():
+            problems[name] = f"{path} does not exist"
+        elif not path.is_dir():
+            problems[name] = f"{path} is not a directory"
+        elif not writable_dir(str(path)):
+            problems[name] = f"{path} is not writable by this agent (uid {os.getuid()})"
+    return problems
 
 
 def observe_root(root: StorageRoot, artifact_dir: Path, writable: bool | None = None) -> dict[str, object]:
@@ -2044,11 +2073,10 @@ class Agent:
         self.gpus = [gpu for gpu in self.gpus if gpu.uuid is not None]
         inventory = collect_inventory(self.config, self.gpus)
         inventory["nvidia_smi"] = self.nvidia_smi.facts(self.gpus)  # V1: compared with NVML's by the control plane
-        self.storage_problems = {
-            name: str(facts["unknown_reason"])
-            for name, facts in inventory["storage"].items()
-            if "unknown_reason" in facts
-        }
+        self.storage_problems = data_dir_problems(self.config.data_dirs)
+        for name, facts in inventory["storage"].items():
+            if name in self.storage_problems:
+                facts["problem"] = self.storage_problems[name]  # R1: the readiness hint names the fix
         # The digest covers the capabilities and the runtime worker too (W1): a worker that comes
         # or goes is news for the control plane even when the machine is unchanged.
         fields_ = {"inventory": inventory, "capabilities": self.capabilities, **self.worker.inventory_fields()}
@@ -2355,7 +2383,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog="Exit codes: 0 done, 2 configuration error, 3 NVIDIA preflight failure, "
         "4 enrolment refused, 5 credential revoked.",
     )
-    parser.add_argument("--preflight", action="store_true", help="run the NVIDIA checks, print a report, exit 0 or 3")
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="check NVIDIA and the four data directories, print a report, exit 0, 3 (NVIDIA) or 2 (a directory)",
+    )
     parser.add_argument(
         "--once", action="store_true", help="enrol if needed, publish one inventory and heartbeat, exit"
     )
@@ -2371,9 +2403,13 @@ def run_agent(args: argparse.Namespace, env: dict[str, str]) -> int:
     nvml = Nvml()
     result = run_preflight(config.accelerator_mode, nvml, env)
     if args.preflight:
-        # N3: checks only — no network, no state.
-        print(preflight_report(result))
-        return EXIT_OK if result.ok else EXIT_PREFLIGHT
+        # N3: checks only — no network, no state. The data directories are checked as health
+        # checks them (R1); one that is unusable is a configuration error (exit 2), after NVIDIA's 3.
+        problems = data_dir_problems(config.data_dirs)
+        print(preflight_report(result, config.data_dirs, problems))
+        if not result.ok:
+            return EXIT_PREFLIGHT
+        return EXIT_CONFIG if problems else EXIT_OK
     if not result.ok:
         # N2: exactly one code with a hint; nothing is sent, nothing is written.
         print(f"{result.code}: {result.hint}", file=sys.stderr)

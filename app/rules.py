@@ -60,6 +60,15 @@ def label_problem(key: object, value: object) -> str | None:
 
 # What nodes do (J1, J3): storage root names and paths, Hub repository ids, revisions, patterns.
 ROOT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# N4: the agent's four named data directories as its inventory names them, and the variable that
+# sets each (the agent's DATA_DIRS; a unit test holds the two together). The readiness hint and the
+# wizard's bare-metal start command name them from here.
+AGENT_DATA_DIR_VARIABLES = {
+    "state": "MODELFORGE_AGENT_STATE_DIR",
+    "hf-cache": "MODELFORGE_AGENT_HF_CACHE_DIR",
+    "artifacts": "MODELFORGE_AGENT_ARTIFACT_DIR",
+    "quarantine": "MODELFORGE_AGENT_QUARANTINE_DIR",
+}
 MAX_PATH_LENGTH = 1000
 REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 MAX_REPO_ID_LENGTH = 96

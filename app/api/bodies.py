@@ -291,12 +291,14 @@ MAX_CPUS = 2**20
 
 
 class StorageFacts(Body):
-    """N4: one named data directory: its total and free bytes, or why they are unknown."""
+    """N4: one named data directory: its total and free bytes, or why they are unknown; R1: why the
+    agent cannot use it (missing, not a directory, not writable), which also degrades its health."""
 
     path: optional_text(rules.MAX_PATH_LENGTH) = None
     total_bytes: Bytes | None = None
     free_bytes: Bytes | None = None
     unknown_reason: Reason = None
+    problem: Reason = None
 
 
 class AgentFacts(Body):
