@@ -146,6 +146,32 @@ def gpu_text(node: NodeSummary) -> str:
     return f"{node.gpu_count} × {mixed}"
 
 
+# C2, R1: a row's one-glance health (Beszel's dot): liveness first, then what its agent reports.
+# A stale or offline node's last health report is old news, so only an online node's is shown.
+
+
+def health_level(node: NodeSummary) -> str:
+    """ok | warn | bad | pending for a node list row."""
+    if node.disabled or node.status == "offline":
+        return "bad"
+    if node.status == "stale":
+        return "warn"
+    if node.status != "online":
+        return "pending"
+    if node.health_status == "failing":
+        return "bad"
+    if node.health_status not in (None, "ok"):
+        return "warn"
+    return "ok"
+
+
+def shown_health(node: NodeSummary) -> str | None:
+    """The agent's health as the row adds it to the status ("degraded"), only when online and not ok."""
+    if node.status != "online" or node.health_status in (None, "ok"):
+        return None
+    return node.health_status
+
+
 def eligibility_text(node: NodeSummary) -> str:
     """A node's eligibility flags in words; a disabled node is eligible for nothing (L4)."""
     if node.disabled:
@@ -196,7 +222,8 @@ def audit_details(details: dict[str, object] | None, node_names: dict[str, str] 
     ids of jobs, deployments, nodes and enrolments as links to their pages."""
     pieces = []
     for key, value in sorted((details or {}).items()):
-        text = plain(value)
+        moment = parse_rfc3339(value) if isinstance(value, str) and "T" in value else None
+        text = utc(moment) if moment else plain(value)
         link = _DETAIL_LINKS.get(key)
         if link and isinstance(value, str) and value:
             endpoint, argument = link
@@ -235,4 +262,6 @@ FILTERS = {
     "gpu_text": gpu_text,
     "gpu_models": gpu_models,
     "eligibility_text": eligibility_text,
+    "health_level": health_level,
+    "shown_health": shown_health,
 }

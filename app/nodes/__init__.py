@@ -237,6 +237,9 @@ class NodeSummary:
     lab_eligible: bool
     benchmark_eligible: bool
     suspected_duplicate_hostname: bool
+    # R1: the agent's own health from its last heartbeat (ok|degraded|failing), None before one.
+    health_status: str | None = None
+    health_detail: str | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -260,6 +263,8 @@ def summaries(settings: Settings) -> list[NodeSummary]:
             NodeLease.agent_version,
             NodeLease.protocol_version,
             NodeLease.compatibility,
+            NodeLease.health_status,
+            NodeLease.health_detail,
         )
         .outerjoin(NodeLease, NodeLease.node_id == Node.id)
         .order_by(Node.display_name, Node.id)
@@ -293,6 +298,8 @@ def summaries(settings: Settings) -> list[NodeSummary]:
                 lab_eligible=row.lab_eligible,
                 benchmark_eligible=row.benchmark_eligible,
                 suspected_duplicate_hostname=row.hostname in shared,
+                health_status=row.health_status,
+                health_detail=printable(row.health_detail) if row.health_detail else None,
             )
         )
     return result

@@ -11,6 +11,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from app import rules
 from app.config import Settings
 from app.extensions import db
 from app.models import Enrollment, EnrollmentState, Gpu, Node, NodeInventory, NodeLease, TelemetrySample
@@ -91,21 +92,57 @@ def _protocol(lease: NodeLease | None) -> Check:
     return Check("protocol", FAIL, f"Protocol answer {answer['answer']}.", str(answer["action"]))
 
 
-def _health(lease: NodeLease | None) -> Check:
+def _directory_fixes(inventory: NodeInventory | None) -> list[str]:
+    """R1: for each data directory the agent cannot use, the fix: create it, or point its variable
+    elsewhere. Read from the inventory's storage facts (`problem`; an older agent's `unknown_reason`)."""
+    facts = inventory.facts if inventory is not None and isinstance(inventory.facts, dict) else {}
+    storage = facts.get("storage")
+    fixes = []
+    for name, variable in rules.AGENT_DATA_DIR_VARIABLES.items():
+        seen = storage.get(name) if isinstance(storage, dict) else None
+        if not isinstance(seen, dict) or not (seen.get("problem") or seen.get("unknown_reason")):
+            continue
+        path = seen.get("path")
+        fixes.append(
+            f"create the {name} directory (`mkdir -p {path}`) writable by the agent's user, or set {variable} "
+            "to one that is"
+            if isinstance(path, str) and path
+            else f"set {variable} to a directory the agent can write to"
+        )
+    return fixes
+
+
+def _health(lease: NodeLease | None, inventory: NodeInventory | None, connection: Check) -> Check:
     if lease is None or lease.health_status is None:
         return Check("agent_health", PENDING, "No health report yet.", "Wait for the first heartbeat.")
+    if connection.status == FAIL:
+        # P3: a stopped agent's last report is history, not its health now.
+        return Check(
+            "agent_health",
+            PENDING,
+            f"Not current: the agent last reported {lease.health_status} "
+            f"({lease.health_detail or 'no detail'}) with its last heartbeat.",
+            "Fix the connection first; its next heartbeat reports health again.",
+        )
     if lease.health_status == "ok":
         return Check("agent_health", PASS, lease.health_detail or "ok", "None.")
+    preflight = "`python3 -m modelforge_node_agent --preflight` checks the NVIDIA readings and every data directory"
+    fixes = _directory_fixes(inventory)
+    if fixes:
+        # A bare-metal agent left at the /data/* defaults: say which directory, not just "run a check".
+        fixed = "; ".join(fixes)
+        next_step = f"{fixed[0].upper()}{fixed[1:]}; then restart the agent ({preflight} first)."
+    else:
+        next_step = f"Run {preflight} on the node; check nvidia-smi for a failing reading."
     return Check(
         "agent_health",
         FAIL,
         f"The agent reports {lease.health_status}: {lease.health_detail or 'no detail'}.",
-        "Run `python3 -m modelforge_node_agent --preflight` in the agent container and check nvidia-smi "
-        "and the data volumes it names.",
+        next_step,
     )
 
 
-def _telemetry(gpu_ids: list[int], now: datetime, settings: Settings) -> Check | None:
+def _telemetry(gpu_ids: list[int], now: datetime, settings: Settings, connection: Check) -> Check | None:
     if not gpu_ids:
         return None  # R1: telemetry age is checked for GPU nodes only
     newest = db.session.scalar(
@@ -120,6 +157,14 @@ def _telemetry(gpu_ids: list[int], now: datetime, settings: Settings) -> Check |
             "NVIDIA device reservation.",
         )
     age = _age(newest, now)
+    if age > settings.node_stale_after_seconds and connection.status == FAIL:
+        # Old samples from a node that stopped sending heartbeats say nothing of its driver.
+        return Check(
+            "telemetry",
+            FAIL,
+            f"No current GPU telemetry: the newest sample is {age:.0f}s old, sent with the last heartbeat.",
+            "Fix the connection first; telemetry comes with every heartbeat.",
+        )
     if age > settings.node_stale_after_seconds:
         return Check(
             "telemetry",
@@ -138,13 +183,15 @@ def for_node(node_id: str, settings: Settings) -> dict[str, object] | None:
     now = utcnow()
     lease = db.session.get(NodeLease, node_id)
     gpu_ids = list(db.session.scalars(sa.select(Gpu.id).where(Gpu.node_id == node_id, Gpu.present.is_(True))))
+    inventory = db.session.get(NodeInventory, node_id)
+    connection = _connection(node, lease, now, settings)
     checks = [
-        _connection(node, lease, now, settings),
-        _inventory(db.session.get(NodeInventory, node_id), now),
+        connection,
+        _inventory(inventory, now),
         _protocol(lease),
-        _health(lease),
+        _health(lease, inventory, connection),
     ]
-    telemetry = _telemetry(gpu_ids, now, settings)
+    telemetry = _telemetry(gpu_ids, now, settings, connection)
     if telemetry is not None:
         checks.append(telemetry)
     return {
