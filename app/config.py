@@ -56,6 +56,8 @@ class Settings:
     # O2: apprise URLs that alerts go to (they carry the services' secrets: kept out of repr, shown
     # masked, read by app.alerts.targets only).
     alert_urls: tuple[str, ...] = field(default=(), repr=False)
+    # Which variable they came from, for the settings page ("from MODELFORGE_ALERT_URLS_FILE").
+    alert_urls_source: str = "MODELFORGE_ALERT_URLS"
 
     def as_flask_config(self) -> dict[str, object]:
         """The Flask config keys these settings fill in."""
@@ -176,8 +178,9 @@ def _metrics_token(env: Mapping[str, str]) -> str | None:
     return token
 
 
-def _alert_urls(env: Mapping[str, str]) -> tuple[str, ...]:
-    """O2: MODELFORGE_ALERT_URLS, or the file MODELFORGE_ALERT_URLS_FILE names; each URL one apprise reads.
+def _alert_urls(env: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
+    """O2: MODELFORGE_ALERT_URLS, or the file MODELFORGE_ALERT_URLS_FILE names (each URL one apprise
+    reads), and the variable they came from.
 
     No refusal quotes a URL, since each carries its service's secret: entries are named by
     position and scheme.
@@ -195,7 +198,7 @@ def _alert_urls(env: Mapping[str, str]) -> tuple[str, ...]:
             raise ConfigError(f"{file_name}: cannot read {path}: {type(error).__name__}") from None
         text = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
     if not text:
-        return ()
+        return (), inline
     from app.alerts import targets  # apprise is imported only when alerts are configured
 
     urls = targets.split_urls(text)
@@ -204,7 +207,7 @@ def _alert_urls(env: Mapping[str, str]) -> tuple[str, ...]:
             f"{source}: entry {number} of {len(urls)} ({scheme}) is not a URL apprise can send to; "
             "see https://github.com/caronc/apprise/wiki for each service's URL"
         )
-    return tuple(urls)
+    return tuple(urls), file_name if path else inline
 
 
 def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
@@ -267,6 +270,7 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
     bind = env.get("MODELFORGE_BIND", "").strip() or "127.0.0.1:8000"
     # J2: an agent reports at least three times per lease, so one lost report never costs the job.
     lease = _int(env, "MODELFORGE_JOB_LEASE_SECONDS", 60, minimum=3)
+    alert_urls, alert_urls_source = _alert_urls(env)
     return Settings(
         instance_path=instance_path,
         operator_api_key=operator_key,
@@ -287,5 +291,6 @@ def load_settings(env: Mapping[str, str], instance_path: Path) -> Settings:
         run_scheduler=_bool(env, "MODELFORGE_SCHEDULER", True),
         node_rate_limit=_bool(env, "MODELFORGE_NODE_RATE_LIMIT", True),
         metrics_token=_metrics_token(env),
-        alert_urls=_alert_urls(env),
+        alert_urls=alert_urls,
+        alert_urls_source=alert_urls_source,
     )

@@ -128,11 +128,11 @@ def sweeps(settings: Settings) -> dict[str, tuple[int, Callable[[], dict[str, in
         "telemetry-retention": (RETENTION_INTERVAL_SECONDS, lambda: retention.sweep(settings)),
         # J2: a job whose agent went silent is requeued within one tick after its lease.
         queue.LEASE_SWEEP: (settings.sweep_interval_seconds, lambda: queue.sweep_expired_leases(settings=settings)),
+        # O2: alerts follow the audit trail within a tick; each delivery is claimed once. Always
+        # scheduled, as the console adds targets while it runs; without any the sweep reads one
+        # table and writes nothing.
+        "alerts": (settings.sweep_interval_seconds, lambda: alerts.sweep(settings)),
     }
-    if settings.alert_urls:
-        # O2: alerts follow the audit trail within a tick; each delivery is claimed once. Without
-        # targets nothing runs, so a control plane without alerts pays no write per tick for them.
-        found["alerts"] = (settings.sweep_interval_seconds, lambda: alerts.sweep(settings))
     return found
 
 

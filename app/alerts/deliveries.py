@@ -87,6 +87,8 @@ def _enqueue(target: Target, events: sa.Select, now: datetime) -> int:
         sa.literal(now, UTCDateTime()),
         sa.literal(now, UTCDateTime()),
     ).where(~sa.exists().where(_deliveries.c.audit_event_id == _events.c.id, _deliveries.c.target_key == target.key))
+    if target.since is not None:  # added in the console: nothing from before it was added
+        rows = rows.where(_events.c.at >= target.since)
     statement = _insert_ignoring_duplicates().from_select(_COLUMNS, rows).on_conflict_do_nothing()
     # RETURNING counts what this statement inserted: a duplicate skipped by the conflict is absent.
     return len(db.session.execute(statement.returning(_deliveries.c.id)).all())

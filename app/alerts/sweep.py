@@ -1,8 +1,9 @@
 """The alert sweep (O2): queue new alerting audit events, then send what is due.
 
 It runs in the scheduler process (app.scheduler), every sweep interval, each tick claimed by
-one scheduler; the deliveries' own unique key and claims keep it exactly once even when two
-ticks overlap (a slow target) on two replicas.
+one scheduler, whether or not any target is configured (the console adds them while it runs);
+the deliveries' own unique key and claims keep it exactly once even when two ticks overlap (a
+slow target) on two replicas.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ log = logging.getLogger("modelforge.alerts")
 def sweep(settings: Settings) -> dict[str, int]:
     """Queue and send; counts of what was queued, sent, left to retry and given up."""
     targets = alert_targets.configured(settings)  # before any write: it may create the salt
+    if not targets:
+        # Nothing to send to, so no write either: a target added later gets only what follows
+        # (Target.since), and the environment's exist from the start.
+        return {"queued": 0, "sent": 0, "retrying": 0, "failed": 0}
     counts = {"queued": deliveries.enqueue_new(targets), "sent": 0, "retrying": 0, "failed": 0}
     for _ in range(deliveries.BATCH):
         claimed = deliveries.claim_next(targets)

@@ -562,3 +562,17 @@ class PlaygroundForm(FlaskForm):
         default=0.8,
         validators=[Optional(), NumberRange(min=0, max=2, message="Use a number from 0 (greedy) to 2.")],
     )
+
+
+class AlertTargetForm(FlaskForm):
+    """O2: an alert target to add, one URL; never rendered back, since it holds the service's secret."""
+
+    url = StringField("URL")
+
+    def validate_url(self, field) -> None:
+        from app.alerts import targets  # apprise, only where alert targets are handled
+
+        try:
+            self.prepared = targets.prepare(field.data or "")
+        except targets.TargetRefused as refused:
+            raise ValidationError(str(refused)) from None

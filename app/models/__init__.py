@@ -1,7 +1,7 @@
 """SQLAlchemy models, one module per concept."""
 
 from app.models.acceptance import AcceptanceEvidence, AcceptanceScreenshot
-from app.models.alerts import AlertCursor, AlertDelivery, AlertDeliveryState
+from app.models.alerts import AlertCursor, AlertDelivery, AlertDeliveryState, AlertTarget
 from app.models.api_key import ApiKey
 from app.models.audit import AuditEvent
 from app.models.credential import Credential
@@ -20,6 +20,7 @@ __all__ = [
     "AlertCursor",
     "AlertDelivery",
     "AlertDeliveryState",
+    "AlertTarget",
     "ApiKey",
     "Artifact",
     "AuditEvent",

@@ -1,7 +1,9 @@
-"""Alert deliveries (O2): one row per (audit event, target), claimed by the one process that sends it."""
+"""Alert deliveries (O2): one row per (audit event, target), claimed by the one process that sends it;
+and the targets added in the console."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 import sqlalchemy as sa
@@ -62,3 +64,29 @@ class AlertCursor(db.Model):
 
     name: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
     last_audit_event_id: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+
+
+# O2: the longest alert URL the console stores (apprise's own URLs are far shorter; a webhook's
+# query may carry a few parameters).
+MAX_TARGET_URL_LENGTH = 2000
+
+
+class AlertTarget(db.Model):
+    """An alert target the operator added in the console (the environment's come from app.config).
+
+    The URL holds its service's secret, so it is kept only as a Fernet token under a key derived
+    from the operator key (app.alerts.targets); the row also holds the keyed digest that names the
+    target in `alert_deliveries` (unique: a URL is added once) and the masked label shown for it.
+    """
+
+    __tablename__ = "alert_targets"
+    __table_args__ = (sa.UniqueConstraint("target_key", name="uq_alert_targets_target_key"),)
+
+    id: Mapped[str] = mapped_column(sa.String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
+    target_key: Mapped[str] = mapped_column(sa.String(64))
+    label: Mapped[str] = mapped_column(sa.String(300))
+    url_encrypted: Mapped[str] = mapped_column(sa.Text)
+    enabled: Mapped[bool] = mapped_column(default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Added, or last enabled, at: what happened before (or while it was disabled) is not sent to it.
+    enabled_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

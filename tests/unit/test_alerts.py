@@ -8,8 +8,10 @@ and a configuration that refuses what apprise cannot read without quoting it.
 from __future__ import annotations
 
 import base64
+import logging
 import threading
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -21,7 +23,7 @@ from app.alerts import targets as alert_targets
 from app.alerts.targets import split_urls, targets_for
 from app.config import ConfigError, current_settings, load_settings
 from app.extensions import db
-from app.models import AlertDelivery, AlertDeliveryState, AuditEvent
+from app.models import AlertCursor, AlertDelivery, AlertDeliveryState, AlertTarget, AuditEvent
 from app.nodes import liveness
 from app.timeutil import utcnow
 from tests.support import ACQUIRE, ADMIN, OPERATOR_KEY, app_env, factories
@@ -119,12 +121,20 @@ def test_a_url_file_apprise_cannot_read_is_refused_by_position(tmp_path):
         load_settings({**BASE, "MODELFORGE_ALERT_URLS_FILE": str(listed)}, tmp_path)
 
 
-def test_the_alert_sweep_is_scheduled_only_while_targets_are_configured(tmp_path):
+def test_the_alert_sweep_is_always_scheduled_and_without_a_target_writes_nothing(database_url, tmp_path):
     from app import scheduler
 
-    assert "alerts" not in scheduler.sweeps(load_settings(BASE, tmp_path))
+    # The console adds targets while the control plane runs, so the sweep runs without any too.
     configured = load_settings({**BASE, "MODELFORGE_ALERT_URLS": "ntfy://ntfy.sh/topic"}, tmp_path)
     assert scheduler.sweeps(configured)["alerts"][0] == configured.sweep_interval_seconds
+    bare = create_app(app_env(database_url, tmp_path))
+    assert "alerts" in scheduler.sweeps(current_settings(bare))
+    record(bare, "node.offline", "n-1", previous="online")
+    assert sweep(bare) == {"queued": 0, "sent": 0, "retrying": 0, "failed": 0}
+    with bare.app_context():
+        assert db.session.scalar(sa.select(sa.func.count()).select_from(AlertCursor)) == 0  # not even the cursor
+        db.session.remove()
+        db.engine.dispose()
 
 
 def test_targets_are_labelled_masked_and_keyed_without_the_url():
@@ -526,3 +536,206 @@ def test_the_test_alert_refuses_without_csrf_or_without_targets(database_url, tm
         assert db.session.scalar(sa.select(sa.func.count(AuditEvent.id)).where(AuditEvent.action == "alert.test")) == 0
         db.session.remove()
         db.engine.dispose()
+
+
+# --------------------------------------------------------------------------- targets added in the console
+
+
+@pytest.fixture
+def bare_app(database_url, tmp_path):
+    """The control plane with no target in its environment."""
+    application = create_app(app_env(database_url, tmp_path))
+    yield application
+    with application.app_context():
+        db.session.remove()
+        db.engine.dispose()
+
+
+def webhook_of(receiver, secret: str = HOOK_SECRET) -> str:
+    """The receiver as an operator pastes a webhook: http(s)://, its secret in the password."""
+    return receiver.url(secret).replace("json://", "http://", 1)
+
+
+def add_target(console, url: str):
+    return console.post("/settings/alerts/targets", data={"url": url}, headers={**HTMX, "X-CSRFToken": console.csrf})
+
+
+def stored_text(app) -> str:
+    """Every row of every table as text: what anyone reading the database sees."""
+    with app.app_context():
+        found = []
+        for table in db.metadata.sorted_tables:
+            found += [repr(tuple(row)) for row in db.session.execute(sa.select(table)).all()]
+        db.session.remove()
+    return "\n".join(found)
+
+
+def database_file_bytes(database_url: str) -> bytes:
+    """The SQLite file and its write-ahead log as bytes (empty on PostgreSQL)."""
+    if not database_url.startswith("sqlite:///"):
+        return b""
+    path = database_url.removeprefix("sqlite:///")
+    return b"".join(Path(name).read_bytes() for name in (path, path + "-wal") if Path(name).exists())
+
+
+def test_a_target_added_in_the_console_is_stored_encrypted_shown_masked_and_receives_test_and_real_alerts(
+    bare_app, database_url, receiver, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    console = signed_in(bare_app.test_client(), "/settings")
+    page = console.get("/settings").get_data(as_text=True)
+    assert "No alert target: add one below" in page and 'aria-describedby="alerts-test-why"' in page
+    record(bare_app, "node.offline", "n-0", previous="online")  # before the target: never sent to it
+
+    added = add_target(console, webhook_of(receiver))
+    assert added.status_code == 200
+    fragment = added.get_data(as_text=True)
+    assert "Alert target added: json://alerts:****@127.0.0.1:" in fragment and "added here" in fragment
+    assert HOOK_SECRET not in fragment and "hooks/modelforge" not in fragment
+    assert 'value=""' in fragment  # the form is emptied, never refilled
+    with bare_app.app_context():
+        (row,) = db.session.scalars(sa.select(AlertTarget)).all()
+        assert row.enabled and row.label.startswith("json://alerts:****@127.0.0.1:")
+        event = db.session.scalar(sa.select(AuditEvent).where(AuditEvent.action == "alert_target.added"))
+        assert (event.actor, event.details) == ("operator", {"target": row.label})
+        db.session.remove()
+
+    one = console.post(
+        "/settings/alerts/test", data={"target": row.target_key}, headers={**HTMX, "X-CSRFToken": console.csrf}
+    )
+    assert one.status_code == 200 and f"Test alert queued to {row.label}" in one.get_data(as_text=True)
+    assert sweep(bare_app)["sent"] == 1 and receiver.titles() == ["ModelForge test alert"]
+    record(bare_app, "node.offline", "n-1", previous="online")
+    assert sweep(bare_app) == {"queued": 1, "sent": 1, "retrying": 0, "failed": 0}
+    assert receiver.titles() == ["ModelForge test alert", "Node offline: node n-1"]
+    assert receiver.notifications[-1]["path"] == "/hooks/modelforge"
+    assert receiver.authorizations[-1] == "Basic " + base64.b64encode(f"alerts:{HOOK_SECRET}".encode()).decode()
+    page = console.get("/settings").get_data(as_text=True)
+    assert "node.offline" in page and ">sent<" in page
+
+    # P2: the URL is in no page, no log line, no audit detail, no row and no byte of the database file.
+    for shown in (page, caplog.text, stored_text(bare_app)):
+        assert HOOK_SECRET not in shown and "hooks/modelforge" not in shown
+    on_disk = database_file_bytes(database_url)
+    assert HOOK_SECRET.encode() not in on_disk
+    assert row.label.encode() in on_disk or not database_url.startswith("sqlite")  # the grep reads the rows
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("", "Enter the URL alerts should go to."),
+        ("hooks.example.lan/" + HOOK_SECRET, "That is not a URL"),
+        ("https://" + "a" * 2001, "characters long; at most 2000"),
+        ("https:///" + HOOK_SECRET, "no host"),
+        ("https://hooks.example.lan/a b" + HOOK_SECRET, "no spaces"),
+        ("nosuchservice://hooks.example.lan/" + HOOK_SECRET, "apprise cannot send to that URL (nosuchservice://…)"),
+    ],
+)
+def test_a_bad_target_url_is_refused_inline_with_400_and_never_shown_back(bare_app, url, said, caplog):
+    caplog.set_level(logging.DEBUG)
+    console = signed_in(bare_app.test_client(), "/settings")
+    refused = add_target(console, url)
+    assert refused.status_code == 400
+    fragment = refused.get_data(as_text=True)
+    assert 'data-testid="alert-target-error"' in fragment and said in fragment
+    assert 'aria-invalid="true"' in fragment
+    assert HOOK_SECRET not in fragment and HOOK_SECRET not in caplog.text
+    with bare_app.app_context():
+        assert db.session.scalar(sa.select(sa.func.count(AlertTarget.id))) == 0
+        assert db.session.scalar(sa.select(sa.func.count(AuditEvent.id))) == 1  # the sign-in only
+        db.session.remove()
+
+
+def test_a_target_already_listed_is_refused_whether_from_the_console_or_the_environment(alert_app, receiver):
+    console = signed_in(alert_app.test_client(), "/settings")
+    page = console.get("/settings").get_data(as_text=True)
+    assert "from <code>MODELFORGE_ALERT_URLS</code> (read-only)" in page
+    assert "Remove json://" not in page  # the environment's target has no remove, nor disable
+    again = add_target(console, receiver.url())
+    assert again.status_code == 400 and "already set in MODELFORGE_ALERT_URLS" in again.get_data(as_text=True)
+    other = receiver.url(path="hooks/other")
+    assert add_target(console, other).status_code == 200
+    twice = add_target(console, other)
+    assert twice.status_code == 400 and "already in the list" in twice.get_data(as_text=True)
+    with alert_app.app_context():
+        assert len(targets(alert_app)) == 2  # the environment's and the console's: merged
+        db.session.remove()
+
+
+def test_a_target_disabled_gets_nothing_and_one_removed_gives_up_what_waited(bare_app, receiver):
+    console = signed_in(bare_app.test_client(), "/settings")
+    assert add_target(console, receiver.url()).status_code == 200
+    with bare_app.app_context():
+        row_id = db.session.scalar(sa.select(AlertTarget.id))
+        db.session.remove()
+    csrf = {**HTMX, "X-CSRFToken": console.csrf}
+
+    disabled = console.post(f"/settings/alerts/targets/{row_id}/disable", headers=csrf)
+    assert disabled.status_code == 200 and 'data-testid="alert-target-disabled"' in disabled.get_data(as_text=True)
+    page = disabled.get_data(as_text=True)
+    assert "Send a test to" not in page and "every one is disabled or unreadable" in page
+    record(bare_app, "node.offline", "n-1", previous="online")
+    assert sweep(bare_app)["queued"] == 0 and receiver.titles() == []
+
+    assert console.post(f"/settings/alerts/targets/{row_id}/enable", headers=csrf).status_code == 200
+    record(bare_app, "node.offline", "n-2", previous="online")
+    receiver.stop()
+    assert sweep(bare_app)["retrying"] == 1
+    removed = console.post(f"/settings/alerts/targets/{row_id}/remove", headers=csrf)
+    assert removed.status_code == 200 and "Alert target removed: json://alerts:****@" in removed.get_data(as_text=True)
+    assert "No alert target: add one below" in removed.get_data(as_text=True)
+    assert console.post(f"/settings/alerts/targets/{row_id}/remove", headers=csrf).status_code == 404
+    with bare_app.app_context():
+        states = [row.state for row in db.session.scalars(sa.select(AlertDelivery))]
+        trail = db.session.execute(
+            sa.select(AuditEvent.action, AuditEvent.details).where(AuditEvent.action.like("alert_target.%"))
+        ).all()
+        db.session.remove()
+    assert states == [AlertDeliveryState.FAILED]
+    assert [action for action, _ in trail] == [
+        "alert_target.added",
+        "alert_target.disabled",
+        "alert_target.enabled",
+        "alert_target.removed",
+    ]
+    assert all(set(details) == {"target"} and HOOK_SECRET not in details["target"] for _, details in trail)
+
+
+def test_a_target_stored_under_another_operator_key_is_shown_unreadable_and_can_be_removed(
+    bare_app, database_url, tmp_path, receiver
+):
+    console = signed_in(bare_app.test_client(), "/settings")
+    assert add_target(console, receiver.url()).status_code == 200
+    other_key = "another-operator-key-" + "x" * 32
+    (tmp_path / "b").mkdir()
+    rotated = create_app(app_env(database_url, tmp_path / "b", MODELFORGE_OPERATOR_API_KEY=other_key))
+    try:
+        with rotated.app_context():
+            assert alert_targets.configured(current_settings(rotated)) == ()
+        client = rotated.test_client()
+        assert sign_in(client, other_key).status_code == 302
+        page = client.get("/settings").get_data(as_text=True)
+        assert "Stored under another operator key" in page and "Send a test to" not in page
+        client.csrf = csrf_from(page)
+        with rotated.app_context():
+            row_id = db.session.scalar(sa.select(AlertTarget.id))
+        removed = client.post(f"/settings/alerts/targets/{row_id}/remove", headers={**HTMX, "X-CSRFToken": client.csrf})
+        assert removed.status_code == 200
+    finally:
+        with rotated.app_context():
+            db.session.remove()
+            db.engine.dispose()
+
+
+def test_the_env_file_source_is_named_and_a_service_id_in_the_hosts_place_is_masked(tmp_path):
+    listing = tmp_path / "alert-urls"
+    listing.write_text("ntfy://ntfy.sh/topic\n")
+    settings = load_settings({**BASE, "MODELFORGE_ALERT_URLS_FILE": str(listing)}, tmp_path)
+    assert settings.alert_urls_source == "MODELFORGE_ALERT_URLS_FILE"
+    assert load_settings(BASE, tmp_path).alert_urls_source == "MODELFORGE_ALERT_URLS"
+    # apprise reads https://ntfy.sh/<topic> as ntfys://<topic>: the topic, its secret, is in the host's place.
+    (ntfy,) = targets_for(("https://ntfy.sh/my-private-topic",), b"salt")
+    assert "private" not in ntfy.label and ntfy.label == "ntfys://m...c"
+    assert alert_targets.prepare("https://ntfy.sh/my-private-topic") == "https://ntfy.sh/my-private-topic"
+    assert alert_targets.prepare(" https://hooks.lan/x?token=abc ") == "jsons://hooks.lan/x?-token=abc"
