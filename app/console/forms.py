@@ -43,12 +43,13 @@ ACCELERATOR_CHOICES = [
     SelectChoice("auto", "auto — require NVML only when NVIDIA devices are visible"),
     SelectChoice("cpu", "cpu — a CPU-only node"),
 ]
-# D5 and the seed: the release bundle is the default; a pinned registry image the alternative; a
-# local source build is for development.
+# D5: a release bundle is checked against its manifest, a registry image is pinned by digest. A
+# newcomer has a clone and neither (issue 25), so the default is the one choice that needs nothing
+# more: the image built on the node from the same checkout.
 IMAGE_SOURCE_CHOICES = [
-    SelectChoice("release", "Release bundle loaded on the node — checked against the release manifest"),
+    SelectChoice("local", "Built on the node from a checkout of this repository — needs nothing else"),
+    SelectChoice("release", "Release bundle loaded on the node — checked against the release's manifest"),
     SelectChoice("digest", "Registry image pinned by @sha256 digest"),
-    SelectChoice("local", "Built from this checkout on the node (development)"),
 ]
 
 
@@ -102,7 +103,7 @@ class EnrollForm(FlaskForm):
     labels = TextAreaField("Labels", validators=[Optional(), Length(max=8000)])
     expires_in_seconds = SelectField("Token expires in", choices=EXPIRY_CHOICES, coerce=int, default=900)
     accelerator_mode = SelectField("Accelerator mode", choices=ACCELERATOR_CHOICES, default="nvidia")
-    image_source = RadioField("Agent image", choices=IMAGE_SOURCE_CHOICES, default="release")
+    image_source = RadioField("Agent image", choices=IMAGE_SOURCE_CHOICES, default="local")
     release_entry = TextAreaField("images.modelforge-node-agent", validators=[Length(max=MAX_PASTE_BYTES)])
     pinned_reference = StringField("Pinned image", validators=[Length(max=500)])
     # S3: a new homelab node is for lab work and benchmarks unless the operator says otherwise.

@@ -253,10 +253,13 @@ def test_closing_the_wizard_removes_the_token_from_the_page_and_history(page, ag
     assert_no_secrets(agent_server.log(), token)
 
 
-def test_the_release_bundle_is_the_default_and_its_manifest_entry_is_checked(page, agent_server):
+def test_the_release_bundle_is_one_choice_away_and_its_manifest_entry_is_checked(page, agent_server):
     sign_in(page, agent_server.url)
     page.click("nav >> text=Enrol node")
-    expect(page.locator("input[name=image_source][value=release]")).to_be_checked()
+    # Issue 25: the default is the build from the checkout, which needs no release manifest.
+    expect(page.locator("input[name=image_source][value=local]")).to_be_checked()
+    expect(page.locator("[data-testid=release-needs]")).to_contain_text("A clone of the repository has none of them")
+    page.check("input[name=image_source][value=release]")
     page.fill("#display_name", "Release node")
     page.fill("#release_entry", '{"tag": "modelforge-node-agent:latest"}')
     # The refusal is a 422 that the form swaps in; Chromium and htmx both log such a response.

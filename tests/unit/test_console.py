@@ -578,9 +578,12 @@ RELEASE_ENTRY = {
 PINNED = "registry.lan:5000/ml/modelforge-node-agent:1.3.0@sha256:" + "d" * 64
 
 
-def test_the_wizard_defaults_to_the_release_bundle_and_needs_its_manifest_entry(app, console):
+def test_the_wizard_defaults_to_the_checkout_build_and_the_release_needs_its_manifest_entry(app, console):
+    # Issue 25: a newcomer has a clone and no release manifest, so the default needs neither.
     form = console.get("/hardware/enroll").get_data(as_text=True)
-    assert re.search(r'<input checked id="image_source-0"[^>]*value="release"', form)
+    assert re.search(r'<input checked id="image_source-0"[^>]*value="local"', form)
+    assert re.search(r'<input id="image_source-1"[^>]*value="release"', form)
+    assert re.search(r"A clone of the repository has\s+none of them", form)  # why the release is not the default
     response = enroll_form(console, image_source="release")
     assert response.status_code == 422
     assert "Paste images.modelforge-node-agent" in response.get_data(as_text=True)
