@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import textwrap
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
@@ -423,6 +424,29 @@ def replace_credential_command() -> str:
         PREAMBLE=_preamble(),
         READ_CREDENTIAL=_read_secret("credential", "the new node credential", "a node credential", "mfn_", "changed"),
         COMPOSE=COMPOSE_FILE,
+    )
+
+
+def venv_start_command(env: AgentEnv) -> str:
+    """The Bash snippet that starts the agent from a checkout's virtual environment, without Docker
+    (C4, N4): its four data directories under one base, preflight first, the token from a hidden
+    prompt unless the node is enrolled already. The settings are those of env_file() that the agent
+    reads itself; the data directories' variables come from app.rules, as the README's block sets them."""
+    _check(env)
+    settings = [
+        ("MODELFORGE_AGENT_CONTROL_PLANE_URL", shlex.quote(env.control_plane_url)),
+        ("MODELFORGE_AGENT_DISPLAY_NAME", _bash_literal(env.display_name)),
+        ("MODELFORGE_AGENT_ACCELERATOR_MODE", env.accelerator_mode),
+        *((variable, f'"$agent_data/{name}"') for name, variable in rules.AGENT_DATA_DIR_VARIABLES.items()),
+    ]
+    return _whole_snippet(
+        "start-venv.sh",
+        MAKE_DIRS="".join(f' "$agent_data/{name}"' for name in rules.AGENT_DATA_DIR_VARIABLES),
+        SETTINGS="".join(f"  export {variable}={value}\n" for variable, value in settings),
+        # Inside the snippet's if/else, so two spaces deeper than read-secret.sh writes it.
+        READ_TOKEN=textwrap.indent(
+            _read_secret("token", "the one-time enrolment token", "an enrolment token", "mfe_", "started"), "  "
+        ),
     )
 
 

@@ -22,6 +22,7 @@ from app.console.commands import (
     recreate_command,
     release_image,
     start_command,
+    venv_start_command,
     worker_start_command,
 )
 from app.console.forms import EnrollForm, parse_labels
@@ -102,6 +103,7 @@ def enroll_submit():
         expires_in=max(int((minted.expires_at - utcnow()).total_seconds()), 0),
         env_text=env_file(agent_env),
         start_command=start_command(agent_image),
+        venv_command=venv_start_command(agent_env),
         agent_image=agent_image,
     )
 

@@ -124,7 +124,7 @@ def revoke(enrollment_id: str, actor: str = audit.OPERATOR) -> Enrollment:
         db.session.rollback()
         raise DomainError(
             "ENROLLMENT_NOT_PENDING",
-            f"Enrolment {enrollment_id} is {_effective_state(enrollment, now)}; only an unused, "
+            f"Enrolment {enrollment_id} is {effective_state(enrollment, now)}; only an unused, "
             "unexpired token can be revoked.",
             "Nothing to do: the token can no longer be claimed. To remove an enrolled node's "
             "access, revoke its credential instead.",
@@ -135,7 +135,8 @@ def revoke(enrollment_id: str, actor: str = audit.OPERATOR) -> Enrollment:
     return get(enrollment_id)
 
 
-def _effective_state(enrollment: Enrollment, now: datetime) -> str:
+def effective_state(enrollment: Enrollment, now: datetime) -> str:
+    """The state as a reader should see it: a pending token past its expiry is expired, swept or not (E5)."""
     if enrollment.state == EnrollmentState.PENDING and enrollment.expires_at <= now:
         return EnrollmentState.EXPIRED
     return enrollment.state
@@ -146,6 +147,28 @@ def list_all(state: str | None = None, limit: int = 200) -> list[Enrollment]:
     query = sa.select(Enrollment).order_by(Enrollment.created_at.desc()).limit(limit)
     if state:
         query = query.where(Enrollment.state == state)
+    return list(db.session.scalars(query))
+
+
+def pending(now: datetime, limit: int = 200) -> list[Enrollment]:
+    """Tokens a node can still claim (pending and unexpired), newest first."""
+    query = (
+        sa.select(Enrollment)
+        .where(Enrollment.state == EnrollmentState.PENDING, Enrollment.expires_at > now)
+        .order_by(Enrollment.created_at.desc())
+        .limit(limit)
+    )
+    return list(db.session.scalars(query))
+
+
+def finished(now: datetime, limit: int = 50) -> list[Enrollment]:
+    """Tokens no node can claim any more (used, revoked, expired whether swept or not), newest first."""
+    query = (
+        sa.select(Enrollment)
+        .where(sa.or_(Enrollment.state != EnrollmentState.PENDING, Enrollment.expires_at <= now))
+        .order_by(Enrollment.created_at.desc())
+        .limit(limit)
+    )
     return list(db.session.scalars(query))
 
 
@@ -178,7 +201,7 @@ def _refusal(token_hash: str, origin: str, now: datetime) -> DomainError:
             "The enrolment token is not known to this control plane.",
             "Mint a new token in Console → Hardware → Enroll node and paste it exactly.",
         )
-    state = _effective_state(enrollment, now)
+    state = effective_state(enrollment, now)
     if state == EnrollmentState.CONSUMED:
         return DomainError(
             "ENROLLMENT_TOKEN_CONSUMED",

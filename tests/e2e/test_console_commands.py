@@ -40,6 +40,7 @@ from app.console.commands import (
     recreate_command,
     replace_credential_command,
     start_command,
+    venv_start_command,
     worker_start_command,
 )
 from modelforge_node_agent import State
@@ -186,6 +187,7 @@ def shellcheck(snippet: str, tmp_path: Path) -> subprocess.CompletedProcess:
         replace_credential_command,
         worker_start_command,
         lambda: worker_start_command(LOCAL_BUILD, WORKER_CPU),
+        lambda: venv_start_command(AgentEnv(control_plane_url=URL, display_name="Bob's GPU box")),
     ],
 )
 def test_every_snippet_passes_shellcheck(command, tmp_path):

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ import requests
 
 from app import rules
 from tests.support import ADMIN, PROJECT_ROOT, wait_until
-from tests.support.agent import FAKE_NVML_DIR, FAKE_RTX_4080, fake_nvml_scenario, mint_token
+from tests.support.agent import FAKE_NVML_DIR, FAKE_RTX_4080, fake_nvml_scenario, mint_token, venv_checkout
 
 README = PROJECT_ROOT / "README.md"
 BEGIN, END = "<!-- bare-metal-agent:begin -->", "<!-- bare-metal-agent:end -->"
@@ -35,15 +33,6 @@ def readme_commands(text: str) -> str:
     assert text.count(BEGIN) == 1 and text.count(END) == 1, f"README.md needs one {BEGIN} … {END} block"
     (commands,) = re.findall(r"```bash\n(.*?)```", text.split(BEGIN, 1)[1].split(END, 1)[0], re.S)
     return commands
-
-
-def checkout_like(directory: Path) -> Path:
-    """A directory where the README's `.venv/bin/python` is this interpreter (with the agent installed)."""
-    python = directory / ".venv" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n', encoding="utf-8")
-    python.chmod(0o755)
-    return directory
 
 
 class ReadmeRun:
@@ -89,7 +78,7 @@ def node_of(server, enrollment_id: str) -> str | None:
 def run_until_ready(server, tmp_path: Path, commands: str, **env: str) -> tuple[dict, Path, ReadmeRun]:
     """Run `commands` with a fresh token; return the node's readiness once ready (or fail with it)."""
     minted = mint_token(server.url)
-    checkout = checkout_like(tmp_path / "checkout")
+    checkout = venv_checkout(tmp_path / "checkout")
     run = ReadmeRun(commands, checkout, API=server.url, TOKEN=minted["token"], PYTHONPATH=FAKE_NVML_DIR, **env)
     try:
         node_id = wait_until(lambda: node_of(server, minted["id"]), lambda: f"no node enrolled:\n{run.log()}")
@@ -141,7 +130,7 @@ def test_without_its_data_directories_the_same_agent_is_degraded_and_readiness_n
         commands, found = re.subn(rf"{variable}=\S+", "", commands)
         assert found == 1, variable
     minted = mint_token(agent_server.url)
-    checkout = checkout_like(tmp_path / "checkout")
+    checkout = venv_checkout(tmp_path / "checkout")
     run = ReadmeRun(commands, checkout, API=agent_server.url, TOKEN=minted["token"], PYTHONPATH=FAKE_NVML_DIR)
     try:
         node_id = wait_until(lambda: node_of(agent_server, minted["id"]), lambda: run.log())

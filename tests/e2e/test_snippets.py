@@ -33,6 +33,7 @@ from app.console.commands import (
     release_image,
     replace_credential_command,
     start_command,
+    venv_start_command,
     worker_start_command,
 )
 from app.release_manifest import NODE_AGENT, RUNTIME_WORKER, RUNTIME_WORKER_CPU, record_from_json
@@ -142,6 +143,11 @@ CASES: dict[str, Callable[[], str]] = {
         )
     ),
 }
+# C4, N4: the bare-metal (virtual environment) start command, plain and with words Bash must quote.
+CASES["venv-default"] = lambda: venv_start_command(AgentEnv(control_plane_url=URL, display_name="GPU Node"))
+CASES["venv-tricky"] = lambda: venv_start_command(
+    AgentEnv(control_plane_url="http://10.0.0.5:8000", display_name="Bob's GPU box #2 `x`", accelerator_mode="cpu")
+)
 for _mode, _source in SOURCES.items():
     CASES[f"start-{_mode}"] = lambda source=_source: start_command(source)
     CASES[f"recreate-{_mode}"] = lambda source=_source: recreate_command(source)

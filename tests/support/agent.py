@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -270,3 +271,13 @@ def assert_matches_the_servers_schema(body: dict, schema: str) -> None:
     validator = Draft202012Validator(root, format_checker=Draft202012Validator.FORMAT_CHECKER)
     errors = [f"{list(error.path)}: {error.message}" for error in validator.iter_errors(body)]
     assert errors == [], (schema, errors)
+
+
+def venv_checkout(directory: Path) -> Path:
+    """A directory laid out as the checkout the bare-metal commands (the README's, the wizard's) run
+    in: its `.venv/bin/python` is this interpreter, which has the agent installed."""
+    python = directory / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n', encoding="utf-8")
+    python.chmod(0o755)
+    return directory
