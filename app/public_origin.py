@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from urllib.parse import urlsplit
 
 from flask import request
 
@@ -57,6 +58,11 @@ def is_loopback(name: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def is_loopback_origin(origin: str) -> bool:
+    """Whether an origin names this machine only (http://127.0.0.1:8000, http://localhost): no other host reaches it."""
+    return is_loopback(urlsplit(origin).hostname or "")
 
 
 def loopback_only(settings) -> bool:

@@ -56,12 +56,52 @@
     }
   }
 
-  // Capture phase: the secret is gone before htmx sends the request or the link navigates.
+  // C4, issue 25: a shown enrolment token is gone for good once the page is left, so while one is
+  // on screen (data-guard-unload) a reload or a navigation asks first. That stops once the node
+  // has used the token (the reveal's poll renders data-token-used) or the operator says it is saved.
+  function tokenUnsaved() {
+    return document.querySelector("[data-secret-reveal][data-guard-unload]") !== null;
+  }
+
+  function tokenSafe(root) {
+    root.querySelectorAll("[data-secret-reveal][data-guard-unload]").forEach(function (reveal) {
+      reveal.removeAttribute("data-guard-unload");
+      reveal.querySelectorAll("[data-secret-saved]").forEach(function (button) {
+        var note = document.createElement("p");
+        note.className = "mf-small";
+        note.setAttribute("role", "status");
+        note.setAttribute("data-secret-saved-note", "");
+        note.textContent = "Noted: this page no longer asks before you leave it.";
+        button.replaceWith(note);
+      });
+    });
+  }
+
+  window.addEventListener("beforeunload", function (event) {
+    if (!tokenUnsaved()) return;
+    event.preventDefault();
+    event.returnValue = "";  // what Chromium before 119 needs to ask
+  });
+
+  document.addEventListener("htmx:load", function (event) {
+    var element = event.detail.elt;
+    if (element.matches("[data-token-used]") || element.querySelector("[data-token-used]")) tokenSafe(document);
+  });
+
+  // Capture phase: the secret is gone before htmx sends the request or the link navigates. A
+  // control that leaves the token (data-confirm-leave) asks first while it is not saved; "Cancel"
+  // stops the click before htmx or the link sees it.
   document.addEventListener("click", function (event) {
-    var target = event.target.closest("[data-clear-secret], [data-copy-target]");
+    var target = event.target.closest("[data-clear-secret], [data-copy-target], [data-secret-saved]");
     if (!target) return;
     if (target.hasAttribute("data-copy-target")) {
       copyText(target);
+    } else if (target.hasAttribute("data-secret-saved")) {
+      tokenSafe(document);
+    } else if (target.hasAttribute("data-confirm-leave") && tokenUnsaved() &&
+               !window.confirm(target.dataset.confirmLeave)) {
+      event.preventDefault();
+      event.stopPropagation();
     } else if (!target.hasAttribute("hx-confirm")) {
       clearSecrets("closed");
     }

@@ -25,12 +25,12 @@ from app.console.commands import (
     venv_start_command,
     worker_start_command,
 )
-from app.console.forms import EnrollForm, parse_labels
+from app.console.forms import EmptyForm, EnrollForm, parse_labels
 from app.db import begin_read_only
 from app.errors import DomainError
 from app.models import EnrollmentState
 from app.nodes import enrollment, readiness
-from app.public_origin import current_api_origin, origin_warning
+from app.public_origin import current_api_origin, is_loopback_origin, origin_warning
 from app.release_manifest import pasted_workers
 from app.timeutil import utcnow
 
@@ -43,7 +43,14 @@ def _wizard(template_partial: str, status: int = 200, **context):
 def _form(status: int = 200, **context):
     """Step 1, with the origin agents will use and, when it is only the request's Host, where it came from."""
     origin = current_api_origin()
-    return _wizard("partials/_enroll_form.html", status, api_origin=origin, origin_warning=origin_warning(), **context)
+    return _wizard(
+        "partials/_enroll_form.html",
+        status,
+        api_origin=origin,
+        origin_warning=origin_warning(),
+        origin_loopback=is_loopback_origin(origin),
+        **context,
+    )
 
 
 @bp.get("/hardware/enroll")
@@ -51,10 +58,52 @@ def _form(status: int = 200, **context):
 def enroll():
     """Step 1: the form. The API origin shown is fixed to this console's own (E3)."""
     begin_read_only()
+    # Tokens minted earlier and still usable, so the page can point to where they are followed or revoked.
+    return _form(form=EnrollForm(), pending_count=len(enrollment.pending(utcnow())))
+
+
+def _enrollments(status: int = 200, **context):
+    """The enrolments list: pending tokens, then the recent ones no node can use any more."""
     now = utcnow()
-    # Unused tokens still alive, so an admin can follow or revoke one minted earlier.
-    unused = [item for item in enrollment.list_all(EnrollmentState.PENDING, limit=50) if item.expires_at > now]
-    return _form(form=EnrollForm(), unused_tokens=unused)
+    return page_or_partial(
+        "enrollments.html",
+        "partials/_enrollments.html",
+        pending=enrollment.pending(now),
+        finished=[(item, enrollment.effective_state(item, now)) for item in enrollment.finished(now)],
+        revoke_form=EmptyForm(),
+        States=EnrollmentState,
+        active="enroll",
+        **context,
+    ), status
+
+
+@bp.get("/hardware/enrollments")
+@login_required
+def enrollments_page():
+    """E1, E5: every token still pending (to follow or revoke) and the last 50 that are done."""
+    begin_read_only()
+    return _enrollments()
+
+
+def _revoke(enrollment_id: str) -> tuple[str, int]:
+    """Revoke through the one domain rule (E1); a token that is no longer pending is a 409 notice."""
+    try:
+        revoked = enrollment.revoke(enrollment_id)
+    except DomainError as error:
+        if error.code != "ENROLLMENT_NOT_PENDING":
+            raise
+        return error.message, 409
+    return f"Token revoked: no node can use it now (“{revoked.display_name}”, {revoked.token_prefix}…).", 200
+
+
+@bp.post("/hardware/enrollments/<enrollment_id>/revoke-from-list")
+@login_required
+def enrollments_revoke(enrollment_id: str):
+    """Revoke a pending token from the list, which comes back with it moved to the recent ones."""
+    if not EmptyForm().validate_on_submit():
+        return _enrollments(400, notice="The form expired; reload the page and try again.")
+    notice, status = _revoke(enrollment_id)
+    return _enrollments(status, notice=notice)
 
 
 @bp.post("/hardware/enroll")
@@ -105,6 +154,25 @@ def enroll_submit():
         start_command=start_command(agent_image),
         venv_command=venv_start_command(agent_env),
         agent_image=agent_image,
+        States=EnrollmentState,
+    )
+
+
+@bp.get("/hardware/enrollments/<enrollment_id>/claim")
+@login_required
+def enrollment_claim(enrollment_id: str):
+    """C4: whether a node has used the token yet, for the reveal to poll; once one has, the page
+    no longer asks before it is left (the token has done its work)."""
+    begin_read_only()
+    minted = enrollment.get(enrollment_id)
+    return page_or_partial(
+        "enroll.html",
+        "partials/_enroll_claim.html",
+        step="partials/_enroll_claim.html",
+        active="enroll",
+        enrollment=minted,
+        state=enrollment.effective_state(minted, utcnow()),
+        States=EnrollmentState,
     )
 
 
@@ -151,11 +219,5 @@ def enrollment_readiness(enrollment_id: str):
 @login_required
 def enrollment_revoke(enrollment_id: str):
     """Revoke the unused token; the reveal is gone because this step replaces it."""
-    notice, status = "Token revoked: no node can use it now.", 200
-    try:
-        enrollment.revoke(enrollment_id)
-    except DomainError as error:
-        if error.code != "ENROLLMENT_NOT_PENDING":
-            raise
-        notice, status = error.message, 409
+    notice, status = _revoke(enrollment_id)
     return _wizard("partials/_enroll_progress.html", status, notice=notice, **_progress_context(enrollment_id))

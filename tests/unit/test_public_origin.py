@@ -8,6 +8,8 @@ checked, so the wizard says where the origin came from and how to fix it.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import sqlalchemy as sa
 
@@ -130,3 +132,27 @@ def test_a_configured_origin_is_recorded_whatever_the_host_and_nothing_is_warned
     page = Browser(client, "evil.example").get("/hardware/enroll")
     assert page.status_code == 200 and WARNING not in page.get_data(as_text=True)
     assert 'data-testid="api-origin">https://modelforge.lan<' in page.get_data(as_text=True)
+
+
+LOOPBACK_HINT = 'data-testid="api-origin-loopback"'
+
+
+@pytest.mark.parametrize(
+    ("env", "host", "hinted"),
+    [
+        ({}, "127.0.0.1:8000", True),  # `make run`, reached as the README says
+        ({}, "localhost:8000", True),
+        ({}, "[::1]:8000", True),
+        ({"MODELFORGE_PUBLIC_API_ORIGIN": "http://127.0.0.1:8000"}, "127.0.0.1:8000", True),
+        ({"MODELFORGE_PUBLIC_API_ORIGIN": "https://modelforge.lan"}, "127.0.0.1:8000", False),
+        ({"MODELFORGE_BIND": "0.0.0.0:8000"}, "gpu-box.lan:8000", False),
+    ],
+)
+def test_a_loopback_origin_says_another_host_cannot_reach_it_and_names_the_setting(make_app, env, host, hinted):
+    # Issue 25: the wizard locks the origin; a loopback one works only for an agent on this machine.
+    application = make_app(**env)
+    wizard = Browser(application.test_client(), host).get("/hardware/enroll").get_data(as_text=True)
+    assert (LOOPBACK_HINT in wizard) is hinted
+    if hinted:
+        hint = re.search(rf"{LOOPBACK_HINT}>(.*?)</p>", wizard, re.S).group(1)
+        assert "another host" in hint and "<code>MODELFORGE_PUBLIC_API_ORIGIN</code>" in hint
