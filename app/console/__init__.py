@@ -38,9 +38,12 @@ def page_or_partial(page: str, partial: str, **context):
     return render_template(partial if is_htmx_fragment_request() else page, **context)
 
 
-def render_error(status: int, title: str, message: str, next_step: str):
-    """An HTML error: a fragment for htmx (swapped in place), else a whole page."""
-    page = page_or_partial("error.html", "partials/_error.html", title=title, message=message, next_step=next_step)
+def render_error(status: int, title: str, message: str, next_step: str, code: str | None = None):
+    """An HTML error: a fragment for htmx (swapped in place), else a whole page; `code` is the
+    machine-readable code an API client would get, shown small under the words."""
+    page = page_or_partial(
+        "error.html", "partials/_error.html", title=title, message=message, next_step=next_step, code=code
+    )
     return page, status
 
 
@@ -55,6 +58,7 @@ def init_app(app: Flask) -> None:
         deployments,
         enroll,
         jobs,
+        node_page,
         nodes,
         settings,
     )

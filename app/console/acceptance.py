@@ -86,6 +86,7 @@ def _page(node: Node, status: int = 200, **forms):
         "inspect_form": forms.get("inspect_form") or InspectForm(formdata=None),
         "screenshot_form": forms.get("screenshot_form") or ScreenshotForm(formdata=None),
         "active": "nodes",
+        "tab": "acceptance",  # the node page's tab bar (templates/node_base.html)
     }
     return render_template("acceptance.html", **context), status
 

@@ -50,6 +50,19 @@ def _before_arg(errors: dict[str, str]) -> int | None:
     return int(raw)
 
 
+def audit_page(errors: dict[str, str], **filters) -> dict[str, object]:
+    """One page of events newest first (`?before=` pages back): `events`, `next_before`, `paged`.
+
+    Shared by the audit log and the node page's Audit tab; a bad page marker lands in `errors`."""
+    before = _before_arg(errors)
+    events = audit.events(limit=PAGE_SIZE + 1, before_id=before, **filters)
+    return {
+        "events": events[:PAGE_SIZE],
+        "next_before": events[PAGE_SIZE - 1].id if len(events) > PAGE_SIZE else None,
+        "paged": before is not None,
+    }
+
+
 @bp.get("/audit")
 @login_required
 def audit_log():
@@ -67,29 +80,27 @@ def audit_log():
         if not _FILTER_TEXT.fullmatch(filters[name]):
             errors[name] = "Pick a value from the list."
             filters[name] = ""
+    node_names = dict(db.session.execute(sa.select(Node.id, Node.display_name).order_by(Node.display_name)).all())
+    if filters["node"] and filters["node"] not in node_names:
+        # Like the jobs page: an id no node has is refused, never offered back as a choice.
+        errors["node"] = "No node has this id; pick one from the list."
+        filters["node"] = ""
     since, until = _time_arg("since", errors), _time_arg("until", errors)
-    before = _before_arg(errors)
-    events = audit.events(
-        limit=PAGE_SIZE + 1,
+    page = audit_page(
+        errors,
         node_id=filters["node"],
         action=filters["action"],
         since=since[0] if since else None,
         until=until[0] + until[1] if until else None,  # the end of the minute or day it names
-        before_id=before,
     )
-    has_more = len(events) > PAGE_SIZE
-    events = events[:PAGE_SIZE]
-    node_names = dict(db.session.execute(sa.select(Node.id, Node.display_name).order_by(Node.display_name)).all())
     actions = audit.distinct_actions()
     return page_or_partial(
         "audit.html",
         "partials/_audit_table.html",
-        events=events,
+        **page,
         filters=filters,
         link_filters={name: value for name, value in filters.items() if value},
         errors=errors,
-        next_before=events[-1].id if has_more else None,
-        paged=before is not None,
         node_names=node_names,
         actions=actions,
         active="audit",

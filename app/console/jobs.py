@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
-from flask import current_app, flash, redirect, render_template, request, url_for
+from flask import abort, current_app, flash, redirect, render_template, request, url_for
 
-from app.console import bp, is_htmx_fragment_request, page_or_partial
+from app.console import bp, is_htmx_fragment_request, job_words, page_or_partial
 from app.console.auth import login_required
 from app.console.benchmarks import skipped_text
 from app.console.forms import AcquireForm, BenchmarkForm, GenerateForm, StorageRootForm
@@ -23,7 +23,7 @@ from app.errors import DomainError
 from app.extensions import db
 from app.jobs import artifacts, benchmarks, queue, runtime, storage
 from app.jobs.benchmarks import Considered
-from app.models import Artifact, Job, JobState, Node, NodeLease, StorageRoot
+from app.models import Artifact, Gpu, Job, JobState, Node, NodeLease, StorageRoot
 from app.nodes import get as get_node
 from app.nodes import runtime_worker
 from app.timeutil import isoformat, parse_rfc3339
@@ -40,7 +40,7 @@ def _known_id(value: str, code: str, what: str) -> str:
     try:
         uuid.UUID(value)
     except ValueError:
-        raise DomainError(code, f"No {what} has id {value[:100]!r}.", "Ids are UUIDs; list them first.") from None
+        raise DomainError(code, f"No {what} has id “{value[:100]}”.", "Ids are UUIDs; list them first.") from None
     return value
 
 
@@ -213,6 +213,8 @@ def jobs_page():
         "partials/_jobs_table.html",
         jobs=jobs,
         percent=progress_percent,
+        reason=job_words.reason,
+        attempts=job_words.attempts,
         node_names=node_names,
         filters=filters,
         link_filters=link_filters,
@@ -237,11 +239,20 @@ def _job_context(job: Job, seen: Seen | None) -> dict[str, object]:
     artifact_id = result.get("artifact_id") or job.artifact_id
     has_result = isinstance(job.result, dict) and bool(job.result)
     artifact = db.session.get(Artifact, artifact_id) if isinstance(artifact_id, str) else None
+    node = db.session.get(Node, job.node_id)
+    root = db.session.get(StorageRoot, job.storage_root_id) if job.storage_root_id else None
     return {
         "job": job,
-        "node": db.session.get(Node, job.node_id),
-        "root": db.session.get(StorageRoot, job.storage_root_id) if job.storage_root_id else None,
+        "node": node,
+        "root": root,
         "artifact": artifact,
+        "title": job_words.title(job, node, artifact),
+        "params": job_words.params(job, root, artifact),
+        "attempts": job_words.attempts(job),
+        "next_step": job_words.next_step(job),
+        "cancelled": job_words.cancelled(job),
+        "reason": job_words.reason(job),
+        "cpu_only": _ran_on_cpu_only(job),
         "compare_url": _comparison_url(job, artifact),
         "runtime_job": runtime.is_runtime(job.type),
         # W2: a runtime result read field by field, so an odd stored value shows as "—", never a 500.
@@ -252,6 +263,49 @@ def _job_context(job: Job, seen: Seen | None) -> dict[str, object]:
         "poll_url": _poll_url(job, carried) if live else None,
         "States": JobState,
     }
+
+
+def _listed_gpus(node_id: str) -> list[str]:
+    """The models of the GPUs the node's inventory lists now, each once."""
+    names = db.session.scalars(
+        sa.select(Gpu.name).where(Gpu.node_id == node_id, Gpu.present.is_(True)).order_by(Gpu.id)
+    )
+    return list(dict.fromkeys(name or "a GPU of unknown model" for name in names))
+
+
+def _ran_on_cpu_only(job: Job) -> dict[str, object] | None:
+    """W2: a runtime job that runs (or ran) on the CPU only on a node that lists GPUs: asked for
+    with GPU layers 0, or run by a worker that used no GPU (its result names none)."""
+    if not runtime.is_runtime(job.type):
+        return None
+    params = job.params if isinstance(job.params, dict) else {}
+    result = job.result if isinstance(job.result, dict) else {}
+    if params.get("n_gpu_layers") == 0:
+        why = "GPU layers was set to 0"
+    elif job.state == JobState.SUCCEEDED and result.get("gpu_uuids") == []:
+        why = "the runtime worker used no GPU"
+    else:
+        return None
+    gpus = _listed_gpus(job.node_id)
+    return {"gpus": gpus, "why": why, "done": job.state == JobState.SUCCEEDED} if gpus else None
+
+
+def _worker_cpu_only(node_id: str, worker: dict[str, object] | None) -> dict[str, object] | None:
+    """W2: the node lists GPUs but its runtime worker would run everything on the CPU: it sees no
+    GPU, or its llama.cpp is a CPU build."""
+    reported = worker.get("reported") if isinstance(worker, dict) else None
+    if not isinstance(reported, dict):
+        return None
+    devices, engines = reported.get("devices"), reported.get("engines")
+    sees_gpu = isinstance(devices, list) and any(isinstance(device, dict) for device in devices)
+    cuda = isinstance(engines, list) and any(isinstance(e, dict) and e.get("backend") == "cuda" for e in engines)
+    if sees_gpu and cuda:
+        return None
+    gpus = _listed_gpus(node_id)
+    if not gpus:
+        return None
+    why = "sees no GPU" if not sees_gpu else "has a CPU build of llama.cpp (no CUDA backend)"
+    return {"gpus": gpus, "why": why}
 
 
 def _comparison_url(job: Job, artifact: Artifact | None) -> str | None:
@@ -307,16 +361,24 @@ def retry_job(job_id: str):
 # --------------------------------------------------------------------------- node page panels
 
 
-def node_work_context(node_id: str) -> dict[str, object]:
-    """What the node page shows of the node's work: roots, artifacts, the forms, the runtime worker (J1–W2)."""
+# Each panel's tab on the node page (app/console/node_page.py): where a form outside htmx lands.
+STORAGE_TAB, WORK_TAB = "console.node_storage", "console.node_work"
+
+
+def node_storage_context(node_id: str) -> dict[str, object]:
+    """The node page's Storage & artifacts tab: roots with their use, the root form, artifacts, acquire (J1–J5)."""
     return {
         **_acquire_context(node_id),
-        **_runtime_context(node_id),
-        **_runtime_jobs_context(node_id),
         **_artifacts_context(node_id),
         "root_usage": storage.usage_for_node(node_id),
         "root_form": StorageRootForm(formdata=None),
+        "artifact_dir": storage.reported_artifact_dir(node_id),
     }
+
+
+def node_work_context(node_id: str) -> dict[str, object]:
+    """The node page's Jobs & runtime tab: the forms to run a model, the runtime worker and its results (W1, W2)."""
+    return {**_runtime_jobs_context(node_id), **_runtime_context(node_id)}
 
 
 def _panel(template: str, status: int = 200, trigger: str | None = None, **context):
@@ -326,17 +388,17 @@ def _panel(template: str, status: int = 200, trigger: str | None = None, **conte
     return response
 
 
-def _back_to_node(node_id: str, *messages: str):
-    """Outside htmx: say what happened on the node page (post/redirect/get)."""
+def _back_to_node(node_id: str, *messages: str, tab: str = STORAGE_TAB):
+    """Outside htmx: say what happened on the node page's tab the form is on (post/redirect/get)."""
     for message in messages:
         flash(message)
-    return redirect(url_for("console.node_page", node_id=node_id), 303)
+    return redirect(url_for(tab, node_id=node_id), 303)
 
 
-def _refetched_panel(node_id: str, template: str, context: Callable[[str], dict[str, object]]):
-    """A node page panel fetching itself again (htmx); outside htmx, the node page."""
+def _refetched_panel(node_id: str, template: str, context: Callable[[str], dict[str, object]], tab: str = STORAGE_TAB):
+    """A node page panel fetching itself again (htmx); outside htmx, the node page's tab it is on."""
     if not is_htmx_fragment_request():
-        return redirect(url_for("console.node_page", node_id=node_id))
+        return redirect(url_for(tab, node_id=node_id))
     begin_read_only()
     return render_template(template, node=get_node(node_id), **context(node_id))
 
@@ -362,23 +424,48 @@ def create_storage_root(node_id: str):
     status = 422
     if form.validate_on_submit():
         try:
-            root = storage.create(node_id, form.root_request())
+            registered = storage.create(node_id, form.root_request())
         except DomainError as error:
-            if error.code != "STORAGE_ROOT_EXISTS":
+            if error.code == "STORAGE_ROOT_EXISTS":
+                form.name.errors.append(error.message)
+                status = 409
+            elif error.code == "STORAGE_ROOT_OUTSIDE_ARTIFACT_DIR":
+                form.container_path.errors.append(f"{error.message} {error.next_step}")
+            else:
                 raise
-            form.name.errors.append(error.message)
-            status = 409
         else:
-            notice = f"Storage root {root.name} registered; the agent checks it at its next heartbeat."
+            notice = _registered_notice(registered)
             if not is_htmx_fragment_request():
                 return _back_to_node(node_id, notice)
             fresh = StorageRootForm(formdata=None)
             return _panel(
-                "partials/_storage_root_form.html", 201, ROOTS_CHANGED, node=node, root_form=fresh, notice=notice
+                "partials/_storage_root_form.html",
+                201,
+                ROOTS_CHANGED,
+                node=node,
+                root_form=fresh,
+                notice=notice,
+                artifact_dir=registered.checked_against,
             )
     if not is_htmx_fragment_request():
         return _back_to_node(node_id, *_error_lines(form))
-    return _panel("partials/_storage_root_form.html", status, node=node, root_form=form)
+    artifact_dir = storage.reported_artifact_dir(node_id)
+    return _panel("partials/_storage_root_form.html", status, node=node, root_form=form, artifact_dir=artifact_dir)
+
+
+def _registered_notice(registered: storage.Registered) -> str:
+    """What registering a root did, and what was and was not checked (J1)."""
+    root = registered.root
+    if registered.checked_against is None:
+        return (
+            f"Storage root {root.name} registered, not yet checked: the node has not reported its artifact "
+            "directory yet. The agent checks the path at its next heartbeat, creates the directory if its "
+            "parent lets it, and the roots table shows anything it refuses."
+        )
+    return (
+        f"Storage root {root.name} registered below {registered.checked_against}; the agent checks it at its "
+        "next heartbeat (and creates the directory if it is missing and its parent lets it)."
+    )
 
 
 def _error_lines(form) -> list[str]:
@@ -485,7 +572,7 @@ def _runtime_context(node_id: str) -> dict[str, object]:
 @login_required
 def node_runtime(node_id: str):
     """W1, W2: the runtime worker, the benchmark runs and the last smoke test; refreshes itself."""
-    return _refetched_panel(node_id, "partials/_node_runtime.html", _runtime_context)
+    return _refetched_panel(node_id, "partials/_node_runtime.html", _runtime_context, WORK_TAB)
 
 
 def _runtime_jobs_context(
@@ -496,14 +583,36 @@ def _runtime_jobs_context(
         "artifacts": found,
         "benchmark_form": benchmark_form or BenchmarkForm(found, formdata=None, prefix="benchmark"),
         "generate_form": generate_form or GenerateForm(found, formdata=None, prefix="generate"),
+        "cpu_only": _worker_cpu_only(node_id, runtime_worker(db.session.get(NodeLease, node_id))),
     }
+
+
+RUN_FORMS = {"benchmark": BenchmarkForm, "generate": GenerateForm}
+
+
+@bp.get("/hardware/nodes/<node_id>/model-file")
+@login_required
+def model_file_field(node_id: str):
+    """W2: the model file field of a "Run a model" form for the artifact just picked (htmx, on
+    change): a select of its GGUF files, the first readable one chosen."""
+    begin_read_only()
+    name = request.args.get("form", "")
+    if name not in RUN_FORMS:
+        abort(404)
+    get_node(node_id)
+    form = RUN_FORMS[name](
+        artifacts.for_node(node_id), pick_file=True, formdata=request.args, prefix=name, meta={"csrf": False}
+    )
+    if form.chosen is None:
+        form.model_file.errors = ["Pick one of this node's artifacts."]
+    return render_template("partials/_model_file_field.html", form=form)
 
 
 @bp.get("/hardware/nodes/<node_id>/runtime-jobs")
 @login_required
 def runtime_jobs_form(node_id: str):
     """The runtime job forms afresh, after the node's roots (and so its artifacts) changed."""
-    return _refetched_panel(node_id, "partials/_node_runtime_jobs.html", _runtime_jobs_context)
+    return _refetched_panel(node_id, "partials/_node_runtime_jobs.html", _runtime_jobs_context, WORK_TAB)
 
 
 def _queue_runtime_job(node_id: str, job_type: str):
@@ -514,7 +623,7 @@ def _queue_runtime_job(node_id: str, job_type: str):
     form = form_class(found, prefix=name)
     if not form.validate_on_submit():
         if not is_htmx_fragment_request():
-            return _back_to_node(node_id, *_error_lines(form))
+            return _back_to_node(node_id, *_error_lines(form), tab=WORK_TAB)
         context = _runtime_jobs_context(node_id, **{f"{name}_form": form})  # the other form stays fresh
         return _panel("partials/_node_runtime_jobs.html", 422, node=node, **context)
     if job_type == queue.BENCHMARK and form.everywhere.data:
@@ -536,7 +645,7 @@ def _benchmark_everywhere(node: Node, form: BenchmarkForm):
         form.everywhere.errors.append(refusal)
         form.everywhere.errors.append(error.next_step)
         if not is_htmx_fragment_request():
-            return _back_to_node(node.id, refusal)
+            return _back_to_node(node.id, refusal, tab=WORK_TAB)
         context = _runtime_jobs_context(node.id, benchmark_form=form)
         return _panel("partials/_node_runtime_jobs.html", 409, node=node, **context)
     queued = f"Benchmark queued on {len(fanned.jobs)} node{'' if len(fanned.jobs) == 1 else 's'}"

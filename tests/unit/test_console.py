@@ -289,38 +289,31 @@ def test_nodes_page_shows_stale_and_disabled(app, console):
 
 def test_node_page_shows_every_fact_with_its_time(console):
     node = online_node(console)
-    html = console.get(f"/hardware/nodes/{node['node_id']}").get_data(as_text=True)
-    for fact in (
-        "gpu-node-1",
-        "0.1.0-test",
-        "protocol 1",
-        "COMPATIBLE",
-        "AMD Ryzen 9 7950X",
-        "16 CPUs",
-        "64.0 GiB",
-        "GPU-00000000-0000-0000-0000-000000000001",
-        "NVIDIA GeForce RTX 4080",
-        "16.0 GiB",
-        "550.54.14",
-        "37 %",
-        "51 °C",
-        "123 W",
-        "inventory received",
-        "node.enrolled",
-        "Rotate credential",
-        "Disable node",
-    ):
-        assert fact in html, fact
-    assert html.count(" UTC") >= 5  # measured times are shown
-    assert "<svg" in html and 'id="node-charts"' in html
+    path = f"/hardware/nodes/{node['node_id']}"
+    facts_by_tab = {
+        # Overview: status, agent, host, and each GPU with its latest reading.
+        "": ("gpu-node-1", "0.1.0-test", "protocol 1", "COMPATIBLE", "AMD Ryzen 9 7950X", "16 CPUs", "64.0 GiB",
+             "NVIDIA GeForce RTX 4080", "16.0 GiB", "37 %", "51 °C", "123 W", "inventory received", "Disable node"),
+        # GPUs & telemetry: every GPU fact, its reading and the charts.
+        "/gpus": ("GPU-00000000-0000-0000-0000-000000000001", "NVIDIA GeForce RTX 4080", "16.0 GiB", "550.54.14",
+                  "37 %", "51 °C", "123 W", 'id="node-charts"', "<svg"),
+        "/credential": ("Rotate credential",),
+        "/audit": ("node.enrolled",),
+    }  # fmt: skip
+    for suffix, facts in facts_by_tab.items():
+        html = console.get(path + suffix).get_data(as_text=True)
+        for fact in facts:
+            assert fact in html, (suffix, fact)
+        if suffix in ("", "/gpus"):
+            assert html.count(" UTC") >= 2, suffix  # measured times are shown
 
 
 def test_node_page_timeline_is_this_nodes_audit_newest_first(console):
     first, second = online_node(console, hostname="first-node"), online_node(console, hostname="second-node")
-    html = console.get(f"/hardware/nodes/{first['node_id']}").get_data(as_text=True)
-    timeline = html.split('class="mf-timeline"')[1].split("</ol>")[0]
+    html = console.get(f"/hardware/nodes/{first['node_id']}/audit").get_data(as_text=True)
+    timeline = html.split('id="audit-table"')[1].split("</table>")[0]
     assert "node.enrolled" in timeline
-    assert second["node_id"] not in timeline and first["node_id"] in timeline  # agent:<id> actors
+    assert second["node_id"] not in timeline and first["node_id"] in timeline  # links to this node
     actions = re.findall(r"<strong>([a-z_.]+)</strong>", timeline)
     assert actions[-1] == "node.enrolled"  # the oldest event comes last
 

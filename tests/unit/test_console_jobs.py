@@ -128,8 +128,9 @@ def test_the_jobs_page_lists_filters_and_polls_only_while_a_job_is_live(console,
     assert 'id="jobs-table"' in table and 'hx-trigger="every 5s"' in table and 'data-polling="true"' in table
     assert table.index(second) < table.index(first)  # newest first
     row = table.split(f'data-job-id="{first}"')[1].split("</tr>")[0]
-    for fact in ("queued", ACQUIRE, "GPU Node", "owner/first", "@ v1.0", "0 of 3", " UTC"):
+    for fact in ("queued", ACQUIRE, "GPU Node", "owner/first", "@ v1.0", " UTC"):
         assert fact in row, fact
+    assert "of 3" not in row and 'data-testid="job-reason"' not in row  # a first attempt, nothing wrong: no words
 
     htmx_post(console, f"/jobs/{first}/cancel")
     cancelled = fragment(console, "/jobs?state=cancelled")
@@ -182,7 +183,7 @@ def test_the_job_page_polls_while_the_job_runs_shows_progress_and_stops_when_it_
     assert progress_value(running) == 25.0
     assert "10.0 MiB of 40.0 MiB" in running and "1 of 3 files" in running
     assert "measuring rate…" in running  # one report: no rate yet
-    assert "1 of 3" in running and "Lease expires" in running
+    assert 'data-testid="job-attempts"' not in running and "Lease expires" in running  # the first attempt
     # The poll URL carries the report it showed; the next report gives the rate between the two.
     poll = unescape(re.search(r'hx-get="([^"]+)"', running).group(1))
     reported_at = api_job(console, job_id)["progress"]["updated_at"]
@@ -252,7 +253,9 @@ def test_cancel_and_retry_from_the_job_page(app, console, node):
     error = {"code": "JOB_CANCELLED", "message": "stopped on request"}
     agent(console, node, f"jobs/{job_id}/fail", attempt=1, error=error, retryable=False)
     ended = fragment(console, path)
-    assert 'data-state="cancelled"' in ended and "hx-trigger" not in ended and "JOB_CANCELLED" in ended
+    assert 'data-state="cancelled"' in ended and "hx-trigger" not in ended
+    assert "Cancelled by the operator while it ran." in ended and 'data-testid="job-cancelled"' in ended
+    assert 'class="mf-error"' not in ended and 'data-testid="job-error"' not in ended  # neutral, not an error
 
     plain = console.post(f"{path}/retry", headers={"X-CSRFToken": console.csrf})  # outside htmx
     assert plain.status_code == 303 and plain.headers["Location"] == path
@@ -348,7 +351,7 @@ def test_a_root_of_another_node_is_refused_by_name(app, console, node):
 
 
 def test_without_a_root_the_node_page_asks_for_one_first(console, node):
-    html = console.get(f"/hardware/nodes/{node['id']}").get_data(as_text=True)
+    html = console.get(f"/hardware/nodes/{node['id']}/storage").get_data(as_text=True)
     assert "Register a storage root first" in html and 'name="repo_id"' not in html
     assert "No storage roots yet" in html and "No artifacts on this node yet." in html
 
@@ -379,9 +382,10 @@ def test_register_a_root_in_gib_or_mib_and_the_page_shows_both_paths(app, consol
     assert "1.5 GiB" in row and "not yet observed" in row
     acquire_panel = fragment(console, f"/hardware/nodes/{node['id']}/acquire")
     assert f'value="{root["id"]}"' in acquire_panel and "models — /data/artifacts/model-registry" in acquire_panel
-    page = console.get(f"/hardware/nodes/{node['id']}").get_data(as_text=True)
+    page = console.get(f"/hardware/nodes/{node['id']}/storage").get_data(as_text=True)
     assert HOST_PATH in page and CONTAINER_PATH in page and 'id="node-acquire"' in page
-    assert console.get(f"/hardware/nodes/{node['id']}/storage-roots").status_code == 302  # outside htmx: the page
+    outside = console.get(f"/hardware/nodes/{node['id']}/storage-roots")
+    assert outside.status_code == 302 and outside.headers["Location"].endswith("/storage")  # outside htmx: the tab
 
 
 @pytest.mark.parametrize(
@@ -408,22 +412,23 @@ def test_a_bad_root_is_refused_by_field_and_nothing_is_stored(console, node, fie
 
 def test_outside_htmx_the_forms_answer_on_the_node_page(console, node):
     path = f"/hardware/nodes/{node['id']}"
+    tab = f"{path}/storage"  # the tab the forms are on
     plain = {"X-CSRFToken": console.csrf}
     fields = {"name": "models", "host_path": HOST_PATH, "container_path": CONTAINER_PATH, "min_free": "0"}
     refused = console.post(f"{path}/storage-roots", data={**fields, "name": "bad name"}, headers=plain)
-    assert refused.status_code == 303 and refused.headers["Location"] == path
-    assert "Name: Up to 63 letters" in console.get(path).get_data(as_text=True)  # said once, then gone
-    assert "Name: Up to 63 letters" not in console.get(path).get_data(as_text=True)
+    assert refused.status_code == 303 and refused.headers["Location"] == tab
+    assert "Name: Up to 63 letters" in console.get(tab).get_data(as_text=True)  # said once, then gone
+    assert "Name: Up to 63 letters" not in console.get(tab).get_data(as_text=True)
     assert roots_of(console, node["id"]) == []
     assert console.post(f"{path}/storage-roots", data=fields, headers=plain).status_code == 303
-    assert "Storage root models registered" in console.get(path).get_data(as_text=True)
+    assert "Storage root models registered" in console.get(tab).get_data(as_text=True)
     (root,) = roots_of(console, node["id"])
     refused = console.post(f"{path}/acquire", data={"repo_id": "x", "storage_root_id": root["id"]}, headers=plain)
     assert refused.status_code == 303 and "Repository: Write the repository as owner/name" in unescape(
-        console.get(path).get_data(as_text=True)
+        console.get(tab).get_data(as_text=True)
     )
     deleted = console.post(f"{path}/storage-roots/{root['id']}/delete", headers=plain)
-    assert deleted.status_code == 303 and "Storage root models deleted" in console.get(path).get_data(as_text=True)
+    assert deleted.status_code == 303 and "Storage root models deleted" in console.get(tab).get_data(as_text=True)
 
 
 def test_a_second_root_of_the_same_name_is_a_clear_409(console, node):
@@ -491,7 +496,7 @@ def test_the_node_page_shows_what_the_agent_observed_and_the_artifacts_it_holds(
     result = {"commit": COMMIT, "container_path": final, "files": 4, "total_bytes": 3 * MiB}
     assert agent(console, node, f"jobs/{job_id}/complete", attempt=1, result=result).status_code == 200
 
-    html = console.get(f"/hardware/nodes/{node['id']}").get_data(as_text=True)
+    html = console.get(f"/hardware/nodes/{node['id']}/storage").get_data(as_text=True)
     roots = html.split('id="node-roots"')[1].split("</table>")[0]
     observed = roots.split(f'data-root-id="{root["id"]}"')[1].split("</tr>")[0]
     assert "exists" in observed and "writable" in observed and "5.0 GiB free of 1000.0 GiB" in observed
@@ -503,7 +508,7 @@ def test_the_node_page_shows_what_the_agent_observed_and_the_artifacts_it_holds(
     for fact in ("owner/tiny", "v2 →", COMMIT[:7], f'title="{COMMIT}"', "3.0 MiB", f"/jobs/{job_id}", final):
         assert fact in row, fact
     assert f"{HOST_PATH}/models/owner/tiny/{COMMIT}" in row
-    assert f"/hardware/nodes/{node['id']}#artifact-" in fragment(console, f"/jobs/{job_id}")
+    assert f"/hardware/nodes/{node['id']}/storage#artifact-" in fragment(console, f"/jobs/{job_id}")
 
 
 # --------------------------------------------------------------------------- P5: hostile text
@@ -612,7 +617,7 @@ def test_an_artifact_is_deleted_from_the_node_page_behind_a_confirmation_and_ref
     the delete job while it runs."""
     node = serving_node(console)
     artifact = acquired_artifact(console, node)
-    page = console.get(f"/hardware/nodes/{node['id']}").get_data(as_text=True)
+    page = console.get(f"/hardware/nodes/{node['id']}/storage").get_data(as_text=True)
     assert "Its files (" in page and "are removed from the disk" in page  # the hx-confirm
     body = {"name": "held", "artifact_id": artifact["id"], "model_file": "tiny.gguf"}
     assert console.post("/api/v1/admin/deployments", json=body, headers=ADMIN).status_code == 201

@@ -195,5 +195,5 @@ def test_the_node_page_splits_each_roots_use_and_says_unknown_never_zero(console
     row = row_of(html, root["id"])
     assert "artifacts unknown" in row and "partials at least 1.0 MiB (1 directory could not be read)" in row
     assert "Quarantine: unknown" in words(html)
-    page = words(unescape(console.get(f"/hardware/nodes/{node['id']}").get_data(as_text=True)))
-    assert "partials at least 1.0 MiB" in page  # the full page includes the same partial
+    page = words(unescape(console.get(f"/hardware/nodes/{node['id']}/storage").get_data(as_text=True)))
+    assert "partials at least 1.0 MiB" in page  # the Storage tab includes the same partial
