@@ -16,18 +16,32 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from flask import Flask
+from flask import Flask, request
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from app import api, cli, console, db, metrics, web_errors
 from app.config import ConfigError, load_settings
 from app.errors import DomainError
-from app.extensions import csrf, migrate
+from app.extensions import compress, csrf, migrate
 
 __all__ = ["ConfigError", "create_app"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+# C5: what is compressed: the static assets and the API's JSON. Never HTML (a console page carries
+# the session's CSRF token beside text a request can echo: BREACH) and never a streamed response
+# (text/event-stream, the OpenAI answers: read piece by piece as they come).
+COMPRESSION = {
+    "COMPRESS_MIMETYPES": [
+        "text/css",
+        "text/javascript",
+        "application/javascript",
+        "image/svg+xml",
+        "application/json",
+    ],
+    "COMPRESS_ALGORITHM": ["br", "gzip"],
+    "COMPRESS_STREAMS": False,
+}
 
 
 def create_app(config: Mapping[str, str] | None = None) -> Flask:
@@ -60,6 +74,9 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
     db.init_app(app)
     migrate.init_app(app, db.db, directory=str(MIGRATIONS))
     csrf.init_app(app)
+    app.config.update(COMPRESSION)
+    compress.init_app(app)
+    app.after_request(_static_files_in_memory)  # after_request hooks run last-first: before compress
     api.init_app(app)
     console.init_app(app)
     metrics.init_app(app)
@@ -67,6 +84,15 @@ def create_app(config: Mapping[str, str] | None = None) -> Flask:
     cli.init_app(app)
     app.after_request(_no_sniffing)
     return app
+
+
+def _static_files_in_memory(response):
+    """A static file is read whole, so it is compressed as a body rather than as a stream (Flask
+    sends files streamed; Flask-Compress's stream path would drop the file's close). They are small."""
+    if request.endpoint == "static" and response.status_code == 200 and response.direct_passthrough:
+        response.direct_passthrough = False
+        response.make_sequence()  # keeps the file's close as a call_on_close
+    return response
 
 
 def _no_sniffing(response):
