@@ -37,6 +37,7 @@ STATUS_BY_CODE = {
     "STORAGE_ROOT_EXISTS": 409,
     "STORAGE_ROOT_IN_USE": 409,
     "STORAGE_ROOT_NOT_ON_NODE": 409,
+    "STORAGE_ROOT_UNAVAILABLE": 409,  # J1: the agent reports it cannot use the root
     "JOB_NOT_FOUND": 404,
     "JOB_FINISHED": 409,
     "JOB_NOT_RETRYABLE": 409,
@@ -80,6 +81,28 @@ _HTTP_CODES = {
     415: ("UNSUPPORTED_MEDIA_TYPE", "Send Content-Type: application/json."),
 }
 
+# C5: the console's words for an error's status: the page's heading, over the refusal's message.
+HTML_TITLES = {
+    400: "Request refused",
+    401: "Not signed in",
+    403: "Not allowed",
+    404: "Not found",
+    405: "Not allowed here",
+    409: "Not possible now",
+    410: "No longer valid",
+    413: "Too large",
+    415: "Unsupported content",
+    422: "Request refused",
+    429: "Too many requests",
+    502: "The node could not do it",
+    503: "Unavailable",
+}
+# Werkzeug's own texts talk about "the server" and "the URL"; a console reader gets these instead.
+_HTML_HTTP_WORDS = {
+    404: ("There is no console page at this address.", "Check the address, or start again from Hardware → Nodes."),
+    405: ("This address does not take that kind of request.", "Use the console's own links and buttons."),
+}
+
 DATABASE_UNAVAILABLE = (
     "The database is busy or unreachable; nothing was changed.",
     "Retry shortly; if it persists, check the database server and MODELFORGE_DATABASE_URL.",
@@ -97,7 +120,7 @@ def on_api_error(error: ApiError):
     """An HTTP-level refusal raised by an API view."""
     db.session.rollback()
     if not is_api_request():
-        return render_error(error.status, error.code, error.message, error.next_step)
+        return _render_refusal(error.status, error.code, error.message, error.next_step)
     return error_response(error.status, error.code, error.message, error.next_step, **error.extra)
 
 
@@ -106,7 +129,7 @@ def on_domain_error(error: DomainError):
     db.session.rollback()
     status = STATUS_BY_CODE.get(error.code, 400)
     if not is_api_request():
-        return render_error(status, error.code, error.message, error.next_step)
+        return _render_refusal(status, error.code, error.message, error.next_step)
     response = error_response(status, error.code, error.message, error.next_step, **error.extra)
     if status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
@@ -118,12 +141,22 @@ def on_http_error(error: HTTPException):
     if not is_api_request():
         if error.code and error.code < 400:
             return error
-        return render_error(error.code or 500, error.name, error.description or error.name, "Go back and try again.")
+        status = error.code or 500
+        message, next_step = _HTML_HTTP_WORDS.get(status, (error.description or error.name, "Go back and try again."))
+        response = make_response(render_error(status, HTML_TITLES.get(status, error.name), message, next_step))
+        if status == 405 and error.valid_methods:
+            response.headers["Allow"] = ", ".join(error.valid_methods)
+        return response
     code, next_step = _HTTP_CODES.get(error.code or 500, ("HTTP_ERROR", "See the message."))
     response = error_response(error.code or 500, code, error.description or error.name, next_step)
     if error.code == 405 and error.valid_methods:
         response.headers["Allow"] = ", ".join(error.valid_methods)
     return response
+
+
+def _render_refusal(status: int, code: str, message: str, next_step: str):
+    """A domain or API refusal as the console shows it: words for a heading, the code beneath."""
+    return render_error(status, HTML_TITLES.get(status, "Request refused"), message, next_step, code=code)
 
 
 def on_csrf_error(error: CSRFError):

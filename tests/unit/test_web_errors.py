@@ -99,3 +99,36 @@ def test_the_api_and_the_console_import_nothing_from_each_other(package, other):
 
 def test_the_import_scan_sees_imports_inside_functions():
     assert "app.api.openapi" in imported_modules(PROJECT_ROOT / "app" / "api" / "__init__.py", "app.api")
+
+
+MISSING = "0b9cbbd8-0000-4000-8000-000000000000"
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "title", "words"),
+    [
+        (f"/hardware/nodes/{MISSING}", 404, "Not found", f"No node has id &#39;{MISSING}&#39;."),
+        (f"/jobs/{MISSING}", 404, "Not found", "JOB_NOT_FOUND"),
+        ("/hardware/no-such-page", 404, "Not found", "There is no console page at this address."),
+        (f"/settings/api-keys/{MISSING}/revoke", 405, "Not allowed here", "does not take that kind of request"),
+    ],
+    ids=["node", "job", "no-route", "wrong-method"],
+)
+def test_a_console_error_is_the_styled_page_in_words_and_the_api_keeps_json(console, path, status, title, words):
+    page = console.get(path)
+    html = page.get_data(as_text=True)
+    assert page.status_code == status and page.mimetype == "text/html"
+    assert f"<h2>{title}</h2>" in html and words in html
+    assert 'class="mf-error"' in html and 'id="main"' in html  # the console's own page, with its header
+    assert "The requested URL was not found on the server" not in html  # not Werkzeug's words
+    fragment = console.get(path, headers={"HX-Request": "true"})
+    assert fragment.status_code == status and "<html" not in fragment.get_data(as_text=True)
+    assert title in fragment.get_data(as_text=True)
+    api = console.get("/api/v1" + path)
+    assert api.status_code in (401, 404, 405) and api.get_json()["error"]["code"]
+
+
+def test_a_refusals_code_is_still_on_the_page_under_its_words(console):
+    html = console.get(f"/hardware/nodes/{MISSING}").get_data(as_text=True)
+    assert "Error code: <code>NODE_NOT_FOUND</code>" in html
+    assert "<title>Not found · ModelForge</title>" in html
