@@ -236,4 +236,73 @@
 
   document.addEventListener("DOMContentLoaded", function () { startCountdowns(document); startPlaygrounds(document); });
   document.addEventListener("htmx:load", function (event) { startCountdowns(event.detail.elt); });
+
+  // C5: the console shell. With script running the narrow-screen menu folds behind its button
+  // (console.css keys on .mf-js, so without script the menu simply wraps in the header).
+  document.documentElement.classList.add("mf-js");
+  document.addEventListener("click", function (event) {
+    var toggle = event.target.closest("[data-menu-toggle]");
+    if (!toggle) return;
+    var menu = document.getElementById(toggle.getAttribute("aria-controls"));
+    var open = toggle.getAttribute("aria-expanded") !== "true";
+    toggle.setAttribute("aria-expanded", open ? "true" : "false");
+    if (menu) menu.classList.toggle("mf-open", open);
+  });
+
+  // A plain (non-htmx) form that ends something asks first: data-confirm on the form or its
+  // submit button. htmx requests ask through hx-confirm instead, handled by htmx itself.
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var asker = (event.submitter && event.submitter.closest("[data-confirm]")) || form.closest("[data-confirm]");
+    if (asker && !window.confirm(asker.getAttribute("data-confirm"))) event.preventDefault();
+  }, true);
+
+  // A polled value marked data-announce="Label" is read out (politely) when a refresh changes
+  // it, through the one live region that outlives every swap (#mf-announcer in base.html).
+  var announced = {};
+  function announceValues(root, speak) {
+    root.querySelectorAll("[data-announce]").forEach(function (element) {
+      var label = element.getAttribute("data-announce");
+      var value = element.textContent.trim();
+      if (speak && label in announced && announced[label] !== value) {
+        var region = document.getElementById("mf-announcer");
+        if (region) region.textContent = label + ": " + value;
+      }
+      announced[label] = value;
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { announceValues(document, false); });
+  document.addEventListener("htmx:load", function (event) { announceValues(event.detail.elt, true); });
+
+  // A swapped-in step (the enrolment wizard's) takes the focus to its heading, so a keyboard or
+  // screen-reader user continues from the new step rather than from <body>.
+  document.addEventListener("htmx:afterSettle", function (event) {
+    var heading = event.detail.elt && event.detail.elt.querySelector
+      ? event.detail.elt.querySelector("[data-focus-on-swap]") : null;
+    if (heading && heading.isConnected) {
+      if (!heading.hasAttribute("tabindex")) heading.setAttribute("tabindex", "-1");
+      heading.focus();
+    }
+  });
+
+  // A table (or code) wider than its card scrolls inside it; only then is it a tab stop, so a
+  // keyboard can scroll it too (WCAG 2.1.1) without an extra stop on every wide screen.
+  function markScrollers() {
+    document.querySelectorAll(".mf-table-scroll, .mf-code, .mf-generated").forEach(function (scroller) {
+      if (scroller.scrollWidth > scroller.clientWidth + 1 || scroller.scrollHeight > scroller.clientHeight + 1) {
+        scroller.setAttribute("tabindex", "0");
+      } else {
+        scroller.removeAttribute("tabindex");
+      }
+    });
+  }
+  var scrollerFrame = 0;
+  function markScrollersSoon() {
+    if (scrollerFrame) return;
+    scrollerFrame = window.requestAnimationFrame(function () { scrollerFrame = 0; markScrollers(); });
+  }
+  document.addEventListener("DOMContentLoaded", markScrollers);
+  document.addEventListener("htmx:afterSettle", markScrollersSoon);
+  window.addEventListener("resize", markScrollersSoon);
+  document.addEventListener("toggle", markScrollersSoon, true);  // an opened <details> shows its code
 })();

@@ -87,6 +87,8 @@ def test_the_checklist_fills_in_the_verdict_turns_and_the_bundle_opens(page, acc
     # From here on the node is silent: the sweep marks it stale, then offline, while we work.
 
     sign_in(page, acceptance_server.url, f"/hardware/nodes/{node['id']}/acceptance")
+    # The acceptance page is the node page's Acceptance tab.
+    expect(page.locator("nav[aria-label='Node sections'] [aria-current=page]")).to_have_text("Acceptance")
     for name in ("gpu_facts", "node_api_output", "runtime_smoke_test"):
         expect(item(page, name)).to_have_attribute("data-state", "observed")
     for name in ("container_status", "restart_identity", "recovery", "screenshots"):
@@ -221,6 +223,9 @@ def test_the_checklist_fills_in_the_verdict_turns_and_the_bundle_opens(page, acc
     page.goto(f"{acceptance_server.url}/hardware/nodes/{node['id']}")
     expect(page.locator("#node-acceptance [data-testid=verdict]")).to_have_attribute("data-validated", "true")
     expect(page.locator("#node-acceptance [data-state=observed]")).to_have_count(len(ITEMS))
+    # The node fell silent long ago (stale or offline by now): its health is last reported, not current.
+    expect(page.locator("[data-testid=node-health]")).to_contain_text("not current")
+    expect(page.locator("[data-testid=node-health] .mf-ok")).to_have_count(0)
     page.steps.shot("node-page")
     page.click("nav >> text=Hardware → Nodes")
     expect(page.locator(f"tr[data-node-id='{node['id']}'] td").last).to_have_text("✓ validated")

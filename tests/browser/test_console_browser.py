@@ -360,6 +360,25 @@ def test_a_hidden_tab_stops_polling_and_a_shown_one_resumes(page, agent_server):
     assert len(polls) == 3, polls
 
 
+# The text a field's placeholder needs against the room inside the field, as Chromium lays it out.
+PLACEHOLDER_FIT = """input => {
+    const style = getComputedStyle(input);
+    const context = document.createElement('canvas').getContext('2d');
+    context.font = `${style.fontStyle} ${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+    const room = input.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    return [context.measureText(input.placeholder).width, room];
+}"""
+
+
+def test_the_node_search_placeholder_is_not_cut_off_on_a_laptop_or_a_phone(page, agent_server):
+    sign_in(page, agent_server.url)
+    search = page.locator("input[name=q]")
+    for width, height in ((1366, 900), (390, 844)):
+        page.set_viewport_size({"width": width, "height": height})
+        needed, room = search.evaluate(PLACEHOLDER_FIT)
+        assert 0 < needed <= room, (width, needed, room)
+
+
 def test_over_https_the_session_cookie_is_secure_and_forms_still_pass_csrf(browser_context, tls_server):
     # Chromium is not told about the test's private CA, so it is told to accept the certificate;
     # what is under test is the cookie and Flask-WTF's HTTPS Referer check, not the chain.
@@ -384,10 +403,17 @@ def test_rotate_and_disable_from_the_node_page(page, agent_server, tmp_path):
         agent.wait_for(r"inventory", timeout=30)
         sign_in(page, agent_server.url, f"/hardware/nodes/{node_id}")
         expect(page.locator("[data-testid=node-status]")).to_have_text("online", timeout=15_000)
-        expect(page.locator("#node-charts svg")).to_have_count(4)
         expect(page.locator("#node-live")).to_contain_text("NVIDIA GeForce RTX 4090")
         page.steps.shot("node-page")
+        tabs = page.locator("nav[aria-label='Node sections']")
+        tabs.locator("text=GPUs & telemetry").click()
+        expect(page).to_have_url(re.compile(rf"/hardware/nodes/{node_id}/gpus$"))
+        expect(tabs.locator("[aria-current=page]")).to_have_text("GPUs & telemetry")
+        expect(page.locator("#node-charts svg")).to_have_count(4)
+        expect(page.locator("#node-gpus")).to_contain_text("NVIDIA GeForce RTX 4090")
+        page.steps.shot("node-gpus-tab")
 
+        tabs.locator("text=Credential").click()
         page.click("button:has-text('Rotate credential')")
         credential = revealed_secret(page, "#revealed-credential", "mfn_")
         expect(page.locator("#replace-command")).to_contain_text("node-credential")
@@ -399,12 +425,15 @@ def test_rotate_and_disable_from_the_node_page(page, agent_server, tmp_path):
         assert credential not in page.content()
         expect(page.locator("#node-credential tbody tr")).to_have_count(2)
 
-        page.click("button:has-text('Disable node')")
+        tabs.locator("text=Overview").click()
+        page.click("#node-actions button:has-text('Disable node')")
         expect(page.locator("[data-testid=node-disabled]")).to_be_visible()
         expect(page.locator("button:has-text('Enable node')")).to_be_visible()
         page.steps.shot("node-disabled")
         page.click("button:has-text('Enable node')")
         expect(page.locator("[data-testid=node-disabled]")).to_have_count(0)
+        tabs.locator("text=Audit").click()
+        expect(page.locator("#audit-table")).to_contain_text("node.enabled")
 
         page.click("nav >> text=Audit log")
         expect(page.locator("#audit-table")).to_contain_text("credential.rotated")

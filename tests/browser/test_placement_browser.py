@@ -65,7 +65,7 @@ def test_deploy_with_the_preview_watch_it_unload_and_reload_then_delete_its_arti
 
     artifact_dir = tmp_path / "agent" / "artifacts" / "registry"
     assert any(artifact_dir.rglob("tiny.gguf"))
-    page.goto(f"{jobs_server.url}/hardware/nodes/{node_id}")
+    page.goto(f"{jobs_server.url}/hardware/nodes/{node_id}/storage")  # the Storage & artifacts tab
     row = page.locator(f"tr:has(button[hx-post$='/artifacts/{artifact_id}/delete'])")
     expect(row).to_have_count(1)
     page.steps.shot("artifact")
