@@ -9,8 +9,8 @@ from __future__ import annotations
 import requests
 
 from tests.support import ADMIN, assert_no_secrets, factories
+from tests.support.axe import violations
 from tests.support.browser import expect, sign_in
-
 
 # agent_server comes before browser_context in each test: the page closes before the server stops,
 # so a poll in flight at the end is not a failed request.
@@ -42,6 +42,11 @@ def test_a_shown_token_is_not_lost_without_a_warning(agent_server, browser_conte
     # Reloading while the token is on screen asks first.
     token = mint_in_wizard(page, "Reloaded")
     page.steps.shot("token-shown")
+    for width, height in ((1366, 900), (390, 844)):  # what the reveal adds is accessible, on a phone too
+        page.set_viewport_size({"width": width, "height": height})
+        assert violations(page) == []
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+    page.set_viewport_size({"width": 1280, "height": 900})
     page.reload()
     expect(page.locator("[data-step=form]")).to_be_visible()
     assert page.dialogs == ["beforeunload"]
@@ -64,9 +69,8 @@ def test_a_shown_token_is_not_lost_without_a_warning(agent_server, browser_conte
 
     # Once the node has used the token, leaving is fine: no dialog on reload.
     token = mint_in_wizard(page, "Connected")
-    claim = requests.post(
-        agent_server.url + "/api/v1/agent/enroll", json=factories.enroll_body(token, origin=agent_server.url), timeout=10
-    )
+    body = factories.enroll_body(token, origin=agent_server.url)
+    claim = requests.post(agent_server.url + "/api/v1/agent/enroll", json=body, timeout=10)
     assert claim.status_code == 201, claim.text
     expect(page.locator("#enroll-claim[data-token-used]")).to_be_visible(timeout=10_000)  # the reveal polls every 2 s
     page.steps.shot("token-used")
