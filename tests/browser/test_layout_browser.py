@@ -189,6 +189,24 @@ def test_the_phone_menu_opens_behind_its_button_and_the_laptop_shows_it_all(shel
     expect(settings).to_be_visible()
 
 
+def test_without_script_the_phone_shows_the_whole_menu_wrapped_in_the_header(chromium, server, shell):
+    cookies = shell.context.cookies()  # the module's signed-in session, in a context with no script
+    context = chromium.new_context(viewport={"width": 390, "height": 844}, java_script_enabled=False)
+    try:
+        context.add_cookies(cookies)
+        page = context.new_page()
+        page.goto(server.url + "/hardware/nodes")
+        expect(page.locator("[data-menu-toggle]")).to_be_hidden()  # a button that would do nothing
+        expect(page.locator("nav[aria-label=Main] >> text=Settings")).to_be_visible()
+        expect(page.locator("[data-testid=sign-out-everywhere]")).to_be_visible()
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth")
+        header = page.locator(".mf-top").bounding_box()
+        last = page.locator("[data-testid=sign-out-everywhere]").bounding_box()
+        assert last["y"] + last["height"] <= header["y"] + header["height"]  # on the dark header, not below it
+    finally:
+        context.close()
+
+
 def test_the_skip_link_is_the_first_stop_and_lands_on_the_content(shell, server):
     open_at(shell, server.url + "/jobs", "laptop")
     shell.keyboard.press("Tab")
