@@ -48,7 +48,7 @@ class Report:
 
 
 def _not_found(job_id: str) -> DomainError:
-    return DomainError("JOB_NOT_FOUND", f"No job has id {job_id!r}.", "List jobs with GET /api/v1/admin/jobs.")
+    return DomainError("JOB_NOT_FOUND", f"No job has id “{job_id[:100]}”.", "List jobs with GET /api/v1/admin/jobs.")
 
 
 def get(job_id: str) -> Job:

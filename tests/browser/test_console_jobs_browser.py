@@ -102,6 +102,7 @@ def test_acquire_from_the_node_page_watch_the_bar_and_find_the_artifact(page, jo
     node_id = node_agent.node_id()
     sign_in(page, jobs_server.url, f"/hardware/nodes/{node_id}")
     expect(page.locator("[data-testid=node-status]")).to_have_text("online", timeout=15_000)
+    page.goto(f"{jobs_server.url}/hardware/nodes/{node_id}/storage")  # the Storage & artifacts tab
     expect(page.locator("#node-acquire")).to_contain_text("Register a storage root first")
     page.steps.shot("node-page")
 
@@ -116,13 +117,15 @@ def test_acquire_from_the_node_page_watch_the_bar_and_find_the_artifact(page, jo
 
     job_id = acquire_via_page(page, "org/tiny")
     expect(page.locator("#job-live")).to_have_attribute("data-polling", "true")
+    expect(page.locator("[data-testid=job-title]")).to_have_text("Download model org/tiny to agent under test")
+    expect(page).to_have_title(re.compile(r"^Download model org/tiny to agent under test"))
     first, _ = wait_for_progress_above(page, 0)
     page.steps.shot("progress-first")
     second, text = wait_for_progress_above(page, first)
     page.steps.shot("progress-second")
     assert second > first
     assert re.search(r"MiB of 8\.0 MiB", text), text
-    assert re.search(r"[kM]B/s", text), text  # measured between two reports the page saw
+    assert re.search(r"[KM]iB/s", text), text  # measured between two reports the page saw
 
     panel = page.locator("#job-live")
     expect(panel).to_have_attribute("data-state", "succeeded", timeout=60_000)
@@ -137,7 +140,7 @@ def test_acquire_from_the_node_page_watch_the_bar_and_find_the_artifact(page, jo
     assert polls_after_the_end == []  # rendered without its trigger: no more polling
 
     page.click("[data-testid=artifact-link]")
-    expect(page).to_have_url(re.compile(rf"/hardware/nodes/{node_id}#artifact-"))
+    expect(page).to_have_url(re.compile(rf"/hardware/nodes/{node_id}/storage#artifact-"))
     artifact = page.locator("#node-artifacts tbody tr")
     expect(artifact).to_have_count(1)
     for fact in (
@@ -158,7 +161,47 @@ def test_acquire_from_the_node_page_watch_the_bar_and_find_the_artifact(page, jo
     expect(jobs).to_contain_text("100 %")
     expect(page.locator("#jobs-table")).to_have_attribute("data-polling", "false")
     page.steps.shot("jobs-page")
+
+    # W2: "Run a model" offers the artifact's own GGUF files; picking another artifact fetches its files.
+    hub.add_repo("org/small", {"small.gguf": Generated(4096, seed=5)})
+    small = requests.post(
+        f"{jobs_server.url}/api/v1/admin/jobs",
+        json={
+            "type": "artifact.acquire.v1",
+            "node_id": node_id,
+            "params": {"repo_id": "org/small", **root_of(jobs_server, node_id)},
+        },
+        headers=ADMIN,
+        timeout=10,
+    ).json()
+    wait_for_state(jobs_server, small["id"], "succeeded")
+    page.goto(f"{jobs_server.url}/hardware/nodes/{node_id}/work")
+    files = page.locator("#benchmark-model_file")
+    expect(files.locator("option")).to_have_count(1)
+    expect(files).to_contain_text("small.gguf — header unreadable")  # the newest artifact: random bytes, no GGUF header
+    tiny = page.locator("#benchmark-artifact_id option", has_text="org/tiny @").get_attribute("value")
+    page.select_option("#benchmark-artifact_id", value=tiny)
+    expect(files).to_contain_text("model.gguf — header unreadable")
+    expect(files.locator("option")).to_have_count(1)
+    page.steps.shot("run-a-model-files")
     assert_no_secrets(jobs_server.log() + node_agent.log(), node_agent.credential())
+
+
+def root_of(server, node_id: str) -> dict:
+    """The node's one storage root, as an acquire job's params name it."""
+    listed = requests.get(f"{server.url}/api/v1/admin/nodes/{node_id}/storage-roots", headers=ADMIN, timeout=10)
+    (root,) = listed.json()["storage_roots"]
+    return {"storage_root_id": root["id"]}
+
+
+def wait_for_state(server, job_id: str, state: str, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = requests.get(f"{server.url}/api/v1/admin/jobs/{job_id}", headers=ADMIN, timeout=10).json()
+        if job["state"] == state:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} never reached {state}: {job}")
 
 
 def test_cancel_a_running_acquire_from_its_page(page, jobs_server, hub, node_agent):
@@ -174,7 +217,7 @@ def test_cancel_a_running_acquire_from_its_page(page, jobs_server, hub, node_age
         timeout=10,
     )
     assert created.status_code == 201, created.text
-    sign_in(page, jobs_server.url, f"/hardware/nodes/{node_id}")
+    sign_in(page, jobs_server.url, f"/hardware/nodes/{node_id}/storage")
     job_id = acquire_via_page(page, "org/big")
     wait_for_progress_above(page, 0)
     page.steps.shot("running")
@@ -186,8 +229,10 @@ def test_cancel_a_running_acquire_from_its_page(page, jobs_server, hub, node_age
     panel = page.locator("#job-live")
     expect(panel).to_have_attribute("data-state", "cancelled", timeout=20_000)  # J2: within a progress interval
     assert panel.get_attribute("hx-trigger") is None
-    expect(panel.locator("[data-testid=job-error]")).to_contain_text("JOB_CANCELLED")
-    expect(panel.locator("button:has-text('Retry job')")).to_be_visible()
+    # An operator's cancel is said in neutral words, not as an error; it can run again (a second choice).
+    expect(panel.locator("[data-testid=job-cancelled]")).to_contain_text("Cancelled by the operator while it ran.")
+    expect(panel.locator("[data-testid=job-error]")).to_have_count(0)
+    expect(panel.locator("button.mf-secondary:has-text('Retry job')")).to_be_visible()
     page.steps.shot("cancelled")
     api_job = requests.get(f"{jobs_server.url}/api/v1/admin/jobs/{job_id}", headers=ADMIN, timeout=10).json()
     assert api_job["state"] == "cancelled" and api_job["progress"]["bytes_done"] < size
