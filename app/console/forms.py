@@ -24,7 +24,7 @@ from wtforms.validators import DataRequired, InputRequired, Length, NumberRange,
 
 from app import rules
 from app.console.commands import LOCAL_BUILD, ImageSource, env_value_error, pinned_image, release_image
-from app.jobs import runtime, storage
+from app.jobs import artifacts, runtime, storage
 from app.models import Artifact, StorageRoot
 from app.models.api_key import MAX_NAME_LENGTH as MAX_API_KEY_NAME_LENGTH
 from app.nodes.enrollment import MAX_EXPIRY_SECONDS
@@ -361,7 +361,71 @@ class RuntimeJobForm(FlaskForm):
         return bound.default if field.data is None else field.data
 
 
-class BenchmarkForm(RuntimeJobForm):
+def _first_readable(files: list[tuple[str, str | None]] | None) -> str | None:
+    return next((path for path, problem in files or [] if problem is None), None)
+
+
+class RunModelForm(RuntimeJobForm):
+    """W2: "Run a model" on a node: the model file is picked from the GGUF files the artifact is
+    known to hold (its acquire job read their headers, `artifacts.model_files`); an artifact
+    acquired before that was recorded takes the file's path as typed. A fresh form starts on the
+    newest artifact that holds a readable GGUF file, and on that file; `pick_file` picks the file
+    for an artifact the operator just chose."""
+
+    model_file = SelectField("Model file", validate_choice=False, filters=[_stripped])
+
+    def __init__(self, node_artifacts: list[Artifact], pick_file: bool = False, **kwargs) -> None:
+        super().__init__(node_artifacts, **kwargs)
+        fresh = "formdata" in kwargs and kwargs["formdata"] is None
+        self.by_id = {artifact.id: artifact for artifact in node_artifacts}
+        listed = {artifact.id: artifacts.model_files(artifact) for artifact in node_artifacts}
+        self.artifact_id.choices = [
+            SelectChoice(
+                artifact.id,
+                f"{artifact.repo_id} @ {artifact.commit[:7]}"
+                + (" — no GGUF file" if listed[artifact.id] == [] else ""),
+            )
+            for artifact in node_artifacts
+        ]
+        if fresh and node_artifacts:
+            self.artifact_id.data = next(
+                (artifact.id for artifact in node_artifacts if _first_readable(listed[artifact.id])),
+                next((artifact.id for artifact in node_artifacts if listed[artifact.id]), node_artifacts[0].id),
+            )
+        self.chosen = self.by_id.get(self.artifact_id.data)
+        self.files = listed[self.chosen.id] if self.chosen else []
+        self.model_file.choices = [
+            SelectChoice(path, path if problem is None else f"{path} — header unreadable")
+            for path, problem in self.files or []
+        ]
+        if fresh or pick_file:
+            self.model_file.data = _first_readable(self.files) or next((path for path, _ in self.files or []), None)
+
+    @property
+    def files_known(self) -> bool:
+        """Whether the chosen artifact's GGUF files are known (a select), or its file is typed."""
+        return self.files is not None
+
+    def validate_model_file(self, field) -> None:
+        """A file the chosen artifact holds (the worker reads nothing else); typed, by the path rule,
+        only where its files are not known."""
+        if self.chosen is None:
+            return  # the artifact's own error says it
+        if self.files is None:
+            if not field.data:
+                raise ValidationError("Name the GGUF file inside the artifact, e.g. model-q4_k_m.gguf.")
+            if problem := rules.relative_path_problem(field.data):
+                raise ValidationError(problem)
+            return
+        if not self.files:
+            raise ValidationError(
+                f"{self.chosen.repo_id} holds no GGUF file: acquire a GGUF model (a repository with .gguf files) first."
+            )
+        if field.data not in {path for path, _ in self.files}:
+            raise ValidationError(f"Pick one of the GGUF files of {self.chosen.repo_id}.")
+
+
+class BenchmarkForm(RunModelForm):
     """W2: runtime.benchmark.v1, pp/tg tokens per second as llama-bench measures them."""
 
     n_gpu_layers = bounded("GPU layers", runtime.N_GPU_LAYERS)
@@ -399,7 +463,7 @@ def parse_prompts(text: str) -> list[str]:
     return prompts
 
 
-class GenerateForm(RuntimeJobForm):
+class GenerateForm(RunModelForm):
     """W2: runtime.generate.v1, the smoke test that a model answers (temperature 0, fixed seed)."""
 
     prompts = TextAreaField(

@@ -78,10 +78,24 @@ def get(artifact_id: str) -> Artifact:
     if artifact is None:
         raise DomainError(
             "ARTIFACT_NOT_FOUND",
-            f"No artifact has id {artifact_id!r}.",
+            f"No artifact has id “{artifact_id[:100]}”.",
             "Acquire the model onto the node first, then list its artifacts (GET /api/v1/admin/nodes/{id}/artifacts).",
         )
     return artifact
+
+
+def model_files(artifact: Artifact) -> list[tuple[str, str | None]] | None:
+    """W2, S3: the artifact's GGUF files as its acquire job read them on the node, each with why
+    its header cannot be believed (None when it can), readable ones first; None when the agent
+    that acquired it listed none (a release from before header reads)."""
+    if not isinstance(artifact.models, dict):
+        return None
+    found = [
+        (path, facts.get("problem") if isinstance(facts, dict) and isinstance(facts.get("problem"), str) else None)
+        for path, facts in artifact.models.items()
+        if isinstance(path, str)
+    ]
+    return sorted(found, key=lambda entry: (entry[1] is not None, entry[0]))
 
 
 def for_node(node_id: str) -> list[Artifact]:
