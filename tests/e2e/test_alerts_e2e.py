@@ -16,9 +16,10 @@ from collections import Counter
 import requests
 import sqlalchemy as sa
 
-from tests.support import ADMIN, FAST_LIVENESS, OPERATOR_KEY, assert_no_secrets, truncate_all, wait_until
+from tests.support import ADMIN, FAST_LIVENESS, OPERATOR_KEY, assert_no_secrets, factories, truncate_all, wait_until
 from tests.support.agent import FAKE_RTX_4080, AgentProcess, fake_nvml_scenario
 from tests.support.alerts import HOOK_SECRET, Receiver
+from tests.support.console import csrf_from
 from tests.support.gunicorn import GunicornServer
 
 ONE_GPU = fake_nvml_scenario({**FAKE_RTX_4080, "uuid": "GPU-5f3b2c1a-0000-4000-8000-0000000a1e27"})
@@ -136,3 +137,88 @@ def test_two_control_planes_alert_once_per_transition_and_deliver_after_the_rece
     assert re.search(
         r"alert \d+ to json://alerts:\*{4}@127\.0\.0\.1:\d+/\.\.\./m\.\.\.e not delivered \(attempt 1\): ", logs
     )
+
+
+def console_session(url: str) -> requests.Session:
+    """A signed-in console session against `url`, through its login form."""
+    session = requests.Session()
+    login = session.get(f"{url}/login", timeout=10).text
+    signed = session.post(
+        f"{url}/login",
+        data={"operator_key": OPERATOR_KEY, "csrf_token": csrf_from(login)},
+        allow_redirects=False,
+        timeout=10,
+    )
+    assert signed.status_code == 302
+    return session
+
+
+def test_a_target_added_on_one_replicas_console_is_sent_to_by_another_with_its_own_secret_key(
+    postgres_database, tmp_path
+):
+    # The stored URL's key comes from the operator key, which replicas behind one console share,
+    # not from the secret key, which each may generate for itself.
+    truncate_all(postgres_database)
+    receiver = Receiver().start()
+    planes = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        planes.append(
+            GunicornServer(
+                postgres_database,
+                tmp_path / name,
+                workers=2,
+                MODELFORGE_SECRET_KEY=f"replica-{name}-secret-key",
+                MODELFORGE_SWEEP_INTERVAL_SECONDS="1",
+            )
+        )
+    first, second = planes
+    try:
+        for plane in planes:
+            plane.start()
+        console = console_session(first.url)
+        page = console.get(f"{first.url}/settings", timeout=10).text
+        added = console.post(
+            f"{first.url}/settings/alerts/targets",
+            data={"url": receiver.url().replace("json://", "http://", 1), "csrf_token": csrf_from(page)},
+            timeout=10,
+        )
+        assert added.status_code == 200 and "Alert target added" in added.text
+        first.stop()  # from here on only the other replica runs a scheduler
+
+        other = console_session(second.url)
+        page = other.get(f"{second.url}/settings", timeout=10).text
+        assert "added here" in page and HOOK_SECRET not in page and "Stored under another" not in page
+        key = re.search(r'name="target" value="([0-9a-f]{64})"', page).group(1)
+        tested = other.post(
+            f"{second.url}/settings/alerts/test", data={"target": key, "csrf_token": csrf_from(page)}, timeout=10
+        )
+        assert tested.status_code == 200 and "Test alert queued to json://alerts:****@" in tested.text
+        wait_until(lambda: receiver.titles() == ["ModelForge test alert"], "the test alert, sent by replica b")
+
+        minted = requests.post(
+            second.url + "/api/v1/admin/node-enrollments",
+            json={"display_name": "console target node", "expires_in_seconds": 900},
+            headers=ADMIN,
+            timeout=10,
+        ).json()
+        enrolled = requests.post(
+            second.url + "/api/v1/agent/enroll",
+            json=factories.enroll_body(minted["token"], control_plane_url=second.url),
+            timeout=10,
+        )
+        assert enrolled.status_code == 201, enrolled.text
+        wait_until(lambda: "Node enrolled: console target node" in receiver.titles(), "the enrolment alert")
+    finally:
+        for plane in planes:
+            plane.stop()
+        receiver.stop()
+        for plane in planes:
+            print(plane.log()[-10000:])  # shown only when the test fails
+    logs = first.log() + second.log()
+    assert HOOK_SECRET not in logs and "hooks/modelforge" not in logs
+    engine = sa.create_engine(postgres_database)
+    with engine.connect() as connection:
+        stored = connection.execute(sa.text("SELECT label, url_encrypted FROM alert_targets")).all()
+    engine.dispose()
+    assert len(stored) == 1 and all(HOOK_SECRET not in value and "hooks" not in value for value in stored[0])
