@@ -225,4 +225,5 @@ def test_operator_can_run_the_sweeps_once_from_the_command_line(tmp_path, sqlite
         "enrollment-expiry": {"expired": 0},
         "telemetry-retention": {"rollups_written": 0, "samples_deleted": 0, "rollups_pruned": 0},
         "job-leases": {"requeued": 0, "failed": 0, "cancelled": 0},
+        "alerts": {"queued": 0, "sent": 0, "retrying": 0, "failed": 0},  # no target: nothing to send
     }
