@@ -10,7 +10,7 @@ wizard closes, readiness is checked, the token is revoked or the countdown reach
 from __future__ import annotations
 
 from app.config import current_settings
-from app.console import bp, page_or_partial
+from app.console import bp, is_htmx_fragment_request, page_or_partial
 from app.console.auth import login_required
 from app.console.commands import (
     WORKER_CPU,
@@ -211,6 +211,7 @@ def enrollment_readiness(enrollment_id: str):
         "partials/_readiness_panel.html",
         step="partials/_enroll_progress.html",
         active="enroll",
+        polled=is_htmx_fragment_request(),
         **context,
     )
 

@@ -6,6 +6,8 @@ says it is saved. The enrolments page lists the tokens and revokes a pending one
 
 from __future__ import annotations
 
+import sqlite3
+
 import requests
 
 from tests.support import ADMIN, assert_no_secrets, factories
@@ -115,3 +117,20 @@ def test_the_enrolments_page_lists_tokens_and_revokes_a_pending_one(agent_server
         f"{agent_server.url}/api/v1/admin/node-enrollments/{orphan['id']}", headers=ADMIN, timeout=10
     ).json()["state"]
     assert state == "revoked"
+
+
+def test_a_token_that_expires_on_the_readiness_step_takes_its_commands_with_it(agent_server, browser_context, tmp_path):
+    page = watched_page(browser_context)
+    sign_in(page, agent_server.url)
+    mint_in_wizard(page, "Expires on the readiness step")
+    page.click("button:has-text('I have saved the token')")
+    page.click("button:has-text('Check node readiness')")
+    expect(page.locator("#recreate-command")).to_be_visible()
+    # The token runs out while the panel polls: straight in the server's SQLite, as the clock would.
+    with sqlite3.connect(tmp_path / "agent-server.sqlite3") as database:
+        database.execute("UPDATE enrollments SET expires_at = created_at")
+    expect(page.locator("[data-testid=token-dead-next]")).to_be_visible(timeout=10_000)
+    expect(page.locator("#readiness-panel")).to_have_attribute("data-polling", "false")
+    expect(page.locator("#recreate-command")).to_have_count(0)
+    expect(page.locator("text=Then: recreate without the token")).to_have_count(0)
+    page.steps.shot("expired-on-readiness")

@@ -184,3 +184,17 @@ def test_the_reveal_guards_the_token_until_it_is_saved(console):
     assert "data-secret-saved" in html
     check = re.search(r"<button[^>]*data-confirm-leave=\"[^\"]+\"[^>]*>\s*Check node readiness", html)
     assert check, "Check node readiness asks before it takes the token away"
+
+
+def test_a_token_that_expires_while_the_panel_polls_takes_the_recreate_step_with_it(app, console):
+    enrollment_id, _ = wizard_token(console, "Expires while watched")
+    panel = f"/hardware/enrollments/{enrollment_id}/readiness"
+    assert "hx-swap-oob" not in console.get(panel, headers=HTMX).get_data(as_text=True)
+    factories.expire_enrollments(app, enrollment_id)
+    polled = console.get(panel, headers=HTMX).get_data(as_text=True)
+    assert 'data-polling="false"' in polled
+    # The step's recreate, worker and start commands are replaced out of band, beside the panel.
+    assert re.search(r'<div id="enroll-next" hx-swap-oob="true">\s*<p data-testid="token-dead-next"', polled)
+    assert RECREATE not in polled
+    page = console.get(panel).get_data(as_text=True)  # the whole page: one such element, not swapped
+    assert page.count('id="enroll-next"') == 1 and "hx-swap-oob" not in page and RECREATE not in page
