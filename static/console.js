@@ -237,9 +237,7 @@
   document.addEventListener("DOMContentLoaded", function () { startCountdowns(document); startPlaygrounds(document); });
   document.addEventListener("htmx:load", function (event) { startCountdowns(event.detail.elt); });
 
-  // C5: the console shell. With script running the narrow-screen menu folds behind its button
-  // (console.css keys on .mf-js, so without script the menu simply wraps in the header).
-  document.documentElement.classList.add("mf-js");
+  // C5: the console shell. The narrow-screen menu opens and closes behind its button.
   document.addEventListener("click", function (event) {
     var toggle = event.target.closest("[data-menu-toggle]");
     if (!toggle) return;
