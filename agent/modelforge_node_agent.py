@@ -1787,7 +1787,7 @@ class JobRunner:
         family imports its module here, while heartbeats go on)."""
         handler = job_handler(self.job.type)
         if handler is None:
-            raise JobFailure(JOB_TYPE_UNSUPPORTED, f"this agent does not run {self.job.type!r} jobs", retryable=False)
+            raise JobFailure(JOB_TYPE_UNSUPPORTED, f"this agent does not run {self.job.type} jobs", retryable=False)
         return handler(self.job, self.config, self.control, self.on_progress)
 
     def report_progress_loop(self) -> None:

@@ -73,7 +73,7 @@ def _copy_reason(node_id: str, copies: artifacts.Copies, model_file: str | None)
             return f"its copy of {copies.repo_id} is being deleted"
         return f"does not hold {copies.repo_id} at {copies.commit[:12]}"
     if model_file is not None and isinstance(held.models, dict) and model_file not in held.models:
-        return f"its copy has no GGUF file {model_file!r}"
+        return f"its copy has no GGUF file “{model_file}”"
     return None
 
 

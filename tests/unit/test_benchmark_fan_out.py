@@ -138,7 +138,7 @@ def test_a_copy_without_the_model_file_is_a_reason_too(app, client, fleet):
     refused = fan_out(client, copies["gpu"], model_file="other-q8_0.gguf")
     assert refused.status_code == 409
     reasons = by_name(nodes, refused.get_json()["nodes"])
-    assert reasons["gpu"] == reasons["cpu"] == "its copy has no GGUF file 'other-q8_0.gguf'"
+    assert reasons["gpu"] == reasons["cpu"] == "its copy has no GGUF file “other-q8_0.gguf”"
 
 
 def test_naming_a_node_is_the_one_node_path_as_before(app, client, fleet):
