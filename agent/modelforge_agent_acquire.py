@@ -1300,9 +1300,10 @@ def acquire_artifact(
     if not JOB_ID_PATTERN.fullmatch(job_id):
         raise JobFailure(JOB_PARAMS_INVALID, "the job id cannot name a directory", retryable=False)
     request = AcquireRequest.from_params(params)
-    problem = root_problem(request.container_path, artifact_dir)
+    # J1: a root queued before the agent's first look at it is made here as at a heartbeat.
+    problem = root_problem(request.container_path, artifact_dir, create=True)
     if problem is not None:
-        raise JobFailure(STORAGE_ROOT_UNAVAILABLE, problem, retryable=False)
+        raise JobFailure(STORAGE_ROOT_UNAVAILABLE, f"storage root {problem}", retryable=False)
     root = os.path.realpath(request.container_path)
     if not writable_dir(root):
         raise JobFailure(STORAGE_ROOT_UNAVAILABLE, f"{request.container_path} is not writable", retryable=False)

@@ -97,6 +97,8 @@ JOB_CANCELLED = "JOB_CANCELLED"
 JOB_PARAMS_INVALID = "JOB_PARAMS_INVALID"
 JOB_TYPE_UNSUPPORTED = "JOB_TYPE_UNSUPPORTED"
 RUNTIME_WORKER_UNAVAILABLE = "RUNTIME_WORKER_UNAVAILABLE"
+# A directory opened without following a symlink: how every path below a trusted base is walked.
+O_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # V1: the GPU facts nvidia-smi prints, relayed raw beside NVML's for the control plane to compare.
 NVIDIA_SMI_ARGS = ("--query-gpu=name,uuid,driver_version,memory.total", "--format=csv,noheader")
@@ -120,6 +122,7 @@ STORAGE_USE_SECONDS = 60.0
 PROGRESS_INTERVAL_SECONDS = 10.0  # when a claim names none
 STORAGE_REPORT_SECONDS = 60.0  # J1: root observations go out at least this often
 NOTABLE_FREE_CHANGE = 0.01  # … and sooner when free space moves by 1 % of the filesystem
+ROOT_PROBLEM_MAX = 500  # J1: a root's `problem` as the heartbeat may carry it (the control plane's bound)
 FINAL_REPORT_PATIENCE_SECONDS = 600.0  # how long a complete/fail report is retried while unreachable
 MANIFEST_NAME = "modelforge-manifest.json"  # J3: an acquire writes it; a runtime job trusts only what it lists
 
@@ -1015,18 +1018,68 @@ class StorageRoot:
         return cls(*fields_, minimum)
 
 
-def root_problem(container_path: str, artifact_dir: Path) -> str | None:
-    """Why the agent may not write to this root, or None: it must be a directory below the
-    artifact directory once symlinks are resolved (J1: never a path outside it)."""
+def root_problem(container_path: str, artifact_dir: Path, *, create: bool = False) -> str | None:
+    """Why the agent may not use this root, or None (J1): an absolute path, as written, at or below
+    the artifact directory, reached from it one directory at a time without following a symlink
+    (O_DIR_NOFOLLOW). With `create`, a missing root whose parent exists is made (mode 0755) when
+    the parent lets the agent; a missing parent is not, so a typo never grows a tree. The reason
+    starts with what the console shows: "outside the artifact directory", "is a symlink",
+    "parent not writable", "parent missing", "not a directory"."""
     if not os.path.isabs(container_path):
-        return f"{container_path} is not an absolute path"
-    real = os.path.realpath(container_path)
-    base = os.path.realpath(artifact_dir)
-    if os.path.commonpath([real, base]) != base:
-        return f"{container_path} resolves outside the artifact directory {artifact_dir}"
-    if not os.path.isdir(real):
-        return f"{container_path} does not exist or is not a directory"
-    return None
+        return f"not an absolute path: {container_path}"
+    parts = container_path.strip("/").split("/")
+    if any(part in ("", ".", "..") for part in parts) and container_path.strip("/"):
+        return f"not a plain path (empty, . or .. parts are never resolved): {container_path}"
+    base = os.path.abspath(artifact_dir)
+    path = os.path.abspath(container_path)
+    if os.path.commonpath([path, base]) != base:
+        return f"outside the artifact directory {artifact_dir}: {container_path}"
+    below = [part for part in os.path.relpath(path, base).split("/") if part != "."]
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the operator's own setting
+    except OSError as error:
+        return f"the artifact directory {artifact_dir} cannot be opened ({error.strerror})"
+    try:
+        for depth, part in enumerate(below):
+            here = os.path.join(base, *below[: depth + 1])
+            try:
+                next_fd = os.open(part, O_DIR_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                parent = os.path.dirname(here)
+                if depth < len(below) - 1:
+                    return f"parent missing: {here} does not exist"
+                if not create:
+                    return f"missing: {here} does not exist"
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass  # made meanwhile (another beat, the operator); opened below like any
+                except OSError as error:
+                    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                        return f"parent not writable: the agent (uid {os.getuid()}) cannot create {part} in {parent}"
+                    return f"cannot create {here} ({error.strerror})"
+                else:
+                    log.info("storage root %s did not exist; created it", here)
+                try:
+                    next_fd = os.open(part, O_DIR_NOFOLLOW, dir_fd=fd)
+                except OSError as error:
+                    return _walk_problem(error, here)
+            except OSError as error:
+                return _walk_problem(error, here)
+            os.close(fd)
+            fd = next_fd
+        return None
+    finally:
+        os.close(fd)
+
+
+def _walk_problem(error: OSError, here: str) -> str:
+    """A directory on a root's path that could not be opened, in the words the console shows."""
+    if error.errno == errno.ELOOP or os.path.islink(here):
+        return f"is a symlink: {here} is never followed"
+    if error.errno == errno.ENOTDIR:
+        return f"not a directory: {here}"
+    return f"{here} cannot be opened ({error.strerror})"
 
 
 def writable_dir(path: str) -> bool:
@@ -1063,8 +1116,10 @@ def data_dir_problems(directories: dict[str, Path]) -> dict[str, str]:
 
 
 def observe_root(root: StorageRoot, artifact_dir: Path, writable: bool | None = None) -> dict[str, object]:
-    """What the agent sees of one root now (J1); a root outside the artifact directory is never probed.
-    `writable`, when given, is a recent probe's answer and no probe file is written."""
+    """What the agent sees of one root now (J1): a missing root is created when its parent lets the
+    agent, and a root it cannot use carries `problem`, why (the console shows it on the root's row);
+    one outside the artifact directory is never probed. `writable`, when given, is a recent probe's
+    answer and no probe file is written."""
     facts: dict[str, object] = {
         "id": root.id,
         "exists": False,
@@ -1073,7 +1128,9 @@ def observe_root(root: StorageRoot, artifact_dir: Path, writable: bool | None = 
         "total_bytes": None,
         "observed_at": rfc3339_now(),
     }
-    if root_problem(root.container_path, artifact_dir) is not None:
+    problem = root_problem(root.container_path, artifact_dir, create=True)
+    if problem is not None:
+        facts["problem"] = short_text(problem, ROOT_PROBLEM_MAX)
         return facts
     real = os.path.realpath(root.container_path)
     facts["exists"] = True
@@ -1090,7 +1147,7 @@ def observe_root(root: StorageRoot, artifact_dir: Path, writable: bool | None = 
 def _notably_different(old: dict[str, object], new: dict[str, object]) -> bool:
     """A root appeared, vanished, changed state, its use was measured anew (J5: at most once a
     minute) and differs, or its free space moved by 1 % of its size."""
-    if any(old.get(key) != new.get(key) for key in ("exists", "writable", "total_bytes", "usage")):
+    if any(old.get(key) != new.get(key) for key in ("exists", "writable", "total_bytes", "usage", "problem")):
         return True
     before, after, total = old.get("free_bytes"), new.get("free_bytes"), new.get("total_bytes")
     if before is None or after is None or not total:
@@ -1587,8 +1644,8 @@ class JobsClient:
 # --------------------------------------------------------------------------- safe paths
 
 # What the job families share to reach files below a base they trust: a path from outside is
-# checked before use, and every directory on the way is opened without following a symlink.
-O_DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# checked before use, and every directory on the way is opened without following a symlink
+# (O_DIR_NOFOLLOW, with the constants: storage roots are walked the same way).
 
 
 def is_safe_relative_path(path: str) -> bool:

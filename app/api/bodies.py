@@ -487,6 +487,8 @@ class RootObservation(Body):
     total_bytes: Bytes | None
     observed_at: SampleTime
     usage: RootUsage | None = None
+    # J1: why the agent cannot use the root (it creates a missing one when it may); none while it can.
+    problem: Reason = None
 
 
 class HeartbeatRequest(Versions):

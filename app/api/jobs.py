@@ -16,15 +16,15 @@ from app.nodes import get as get_node
     "/admin/nodes/<node_id>/storage-roots",
     "Register a storage root on a node (J1)",
     body=bodies.StorageRootCreate,
-    replies={201: (replies.StorageRoot, "Registered")},
+    replies={201: (replies.StorageRootCreated, "Registered; `checked_against` says what the path was checked against")},
     errors=(400, 401, 404, 409, 413, 415),
 )
 @admin_required
 def create_storage_root(node_id: str):
-    """J1: register a root on a node."""
+    """J1: register a root on a node; a container path outside the node's artifact directory is a 400."""
     body = bodies.parse(bodies.StorageRootCreate, json_object())
-    root = storage.create(node_id, storage.RootRequest(**body.model_dump()))
-    return json_response(root.to_dict(), 201)
+    registered = storage.create(node_id, storage.RootRequest(**body.model_dump()))
+    return json_response({**registered.root.to_dict(), "checked_against": registered.checked_against}, 201)
 
 
 @operations.get(

@@ -431,6 +431,10 @@ class RootObserved(Reply):
     free_bytes: int | None
     total_bytes: int | None
     observed_at: datetime
+    problem: str | None = Field(
+        description="Why the agent cannot use the root (`parent not writable: …`, `is a symlink: …`, "
+        "`outside the artifact directory …`); null while it can, or from an agent that does not say"
+    )
 
 
 class StorageRoot(Reply):
@@ -444,6 +448,16 @@ class StorageRoot(Reply):
     min_free_bytes: int
     created_at: datetime
     observed: RootObserved | None
+
+
+class StorageRootCreated(StorageRoot):
+    """J1: the root just registered, and what its container path was checked against."""
+
+    checked_against: str | None = Field(
+        description="The artifact directory the node's agent reported, which the container path lies "
+        "below; null when the node has not reported one yet: the path is then unchecked until the agent "
+        "is told of the root, and `observed.problem` says if it refuses it"
+    )
 
 
 class StorageRoots(Reply):

@@ -290,12 +290,31 @@ class AcquireForm(FlaskForm):
 
     def __init__(self, roots: list[StorageRoot], **kwargs) -> None:
         super().__init__(**kwargs)
-        self.storage_root_id.choices = [SelectChoice(root.id, f"{root.name} — {root.container_path}") for root in roots]
+        # J1: a root the agent reports it cannot use is shown, disabled, with why; never the default.
+        self.unusable = {root.id: reason for root in roots if (reason := storage.unusable_reason(root))}
+        self.storage_root_id.choices = [
+            SelectChoice(root.id, f"{root.name} — {root.container_path}")
+            if root.id not in self.unusable
+            else SelectChoice(
+                root.id,
+                f"{root.name} — {root.container_path} (not usable: {self.unusable[root.id]})",
+                render_kw={"disabled": True},
+            )
+            for root in roots
+        ]
+        if self.storage_root_id.data is None and kwargs.get("formdata", True) is None:  # a fresh form
+            self.storage_root_id.data = next((root.id for root in roots if root.id not in self.unusable), None)
 
     def validate_storage_root_id(self, field) -> None:
-        """Only a root of this node (J1): the job must never land somewhere else."""
+        """Only a root of this node (J1): the job must never land somewhere else; and one the agent
+        can use, so the job does not fail on it."""
         if field.data not in {choice.value for choice in field.choices}:
             raise ValidationError("Pick one of this node's storage roots.")
+        if field.data in self.unusable:
+            raise ValidationError(
+                f"That root is not usable: {self.unusable[field.data]}. Fix it on the node (the roots table "
+                "shows what the agent sees at each heartbeat) or pick another root."
+            )
 
     def params(self) -> dict[str, object]:
         """The job's params, shaped exactly as the API stores them (every key, None when unset)."""

@@ -103,6 +103,7 @@ def add(job_type: str, node_id: str, params: dict[str, object], max_attempts: in
                 "That storage root belongs to another node.",
                 "Pick one of this node's roots (GET /api/v1/admin/nodes/{id}/storage-roots).",
             )
+        storage.refuse_if_unusable(root)
         root_id = root.id
     elif runtime.is_runtime(job_type):
         artifact = _artifact_on(node_id, str(params["artifact_id"]))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from app import audit
+from app import audit, rules
 from app.errors import DomainError
 from app.extensions import db
 from app.models import Artifact, Job, NodeInventory, NodeLease, StorageRoot
@@ -44,6 +45,16 @@ class Observation:
     total_bytes: int | None
     observed_at: datetime
     usage: dict[str, object] | None = None  # J5: app.api.bodies.RootUsage, when the agent measured it
+    problem: str | None = None  # J1: why the agent cannot use the root, in its words
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A root just registered, and the artifact directory its container path was checked
+    against (None: the node had not reported one, so the agent checks it when told of the root)."""
+
+    root: StorageRoot
+    checked_against: str | None
 
 
 def _roots_changed(node_id: str) -> None:
@@ -55,9 +66,61 @@ def _roots_changed(node_id: str) -> None:
     )
 
 
-def create(node_id: str, request: RootRequest) -> StorageRoot:
-    """Register a root on a node; the name is unique per node."""
+# N4: the inventory's `storage` facts name each data directory the agent uses; this one holds the roots.
+ARTIFACT_DIR_FACT = "artifacts"
+
+
+def reported_artifact_dir(node_id: str) -> str | None:
+    """The artifact directory the node's agent last reported in its inventory, or None (no
+    inventory yet, or one without it)."""
+    facts = db.session.scalar(sa.select(NodeInventory.facts).where(NodeInventory.node_id == node_id))
+    stored = facts.get("storage") if isinstance(facts, dict) else None
+    artifacts = stored.get(ARTIFACT_DIR_FACT) if isinstance(stored, dict) else None
+    path = artifacts.get("path") if isinstance(artifacts, dict) else None
+    if not isinstance(path, str) or not path.startswith("/"):
+        return None
+    return posixpath.normpath(path)
+
+
+def container_path_problem(container_path: str, artifact_dir: str) -> str | None:
+    """J1: why a container path cannot be a root of an agent with this artifact directory, or None.
+
+    The rule the agent applies too (modelforge_node_agent.root_problem): an absolute path without
+    empty, . or .. parts, the artifact directory itself or below it, compared as written: the
+    agent never follows a symlink on the way, so what the path says is where the bytes go."""
+    if problem := rules.absolute_path_problem(container_path):
+        return problem
+    base = posixpath.normpath(artifact_dir)
+    path = container_path.rstrip("/") or "/"
+    if posixpath.commonpath([path, base]) != base:
+        return f"{path} is outside the node's artifact directory {base}: the agent reads and writes only below it."
+    return None
+
+
+def _refuse_outside(node_id: str, request: RootRequest) -> str | None:
+    """The node's artifact directory once the container path is checked against it; None when the
+    node never reported one. A path outside it is STORAGE_ROOT_OUTSIDE_ARTIFACT_DIR (400)."""
+    artifact_dir = reported_artifact_dir(node_id)
+    if artifact_dir is None:
+        return None
+    problem = container_path_problem(request.container_path, artifact_dir)
+    if problem is not None:
+        below = posixpath.join(artifact_dir, request.name)
+        raise DomainError(
+            "STORAGE_ROOT_OUTSIDE_ARTIFACT_DIR",
+            problem,
+            f"Write a container path below {artifact_dir}, e.g. {below}; if the files must stay where they are, "
+            f"mount that directory at {below} in the agent's container and register that path.",
+            field="container_path",
+        )
+    return artifact_dir
+
+
+def create(node_id: str, request: RootRequest) -> Registered:
+    """Register a root on a node; the name is unique per node, and the container path lies below the
+    artifact directory the node reported (when it has reported one)."""
     get_node(node_id)
+    checked_against = _refuse_outside(node_id, request)
     root = StorageRoot(node_id=node_id, **request.__dict__)
     db.session.add(root)
     try:
@@ -79,9 +142,10 @@ def create(node_id: str, request: RootRequest) -> StorageRoot:
         host_path=root.host_path,
         container_path=root.container_path,
         min_free_bytes=root.min_free_bytes,
+        checked_against=checked_against,
     )
     db.session.commit()
-    return root
+    return Registered(root, checked_against)
 
 
 def for_node(node_id: str) -> list[StorageRoot]:
@@ -151,8 +215,39 @@ def record_observations(node_id: str, observations: list[Observation]) -> None:
                 observed_free_bytes=seen.free_bytes,
                 observed_total_bytes=seen.total_bytes,
                 observed_at=seen.observed_at,
+                observed_problem=seen.problem,
             )
         )
+
+
+def unusable_reason(root: StorageRoot) -> str | None:
+    """J1: why the agent's last report says the root cannot take a download, or None. A root it has
+    not reported on yet is not refused here: the agent checks it again when it claims the job."""
+    if root.observed_at is None:
+        return None
+    if root.observed_problem:
+        return root.observed_problem
+    if not root.observed_exists:
+        return "missing"
+    if not root.observed_writable:
+        return "not writable"
+    return None
+
+
+def refuse_if_unusable(root: StorageRoot) -> None:
+    """J1: STORAGE_ROOT_UNAVAILABLE (409) for a root the agent reports it cannot use, so no job is
+    queued only to fail on it."""
+    reason = unusable_reason(root)
+    if reason is None:
+        return
+    raise DomainError(
+        "STORAGE_ROOT_UNAVAILABLE",
+        f"Storage root {root.name} ({root.container_path}) cannot take a download; the agent reported at "
+        f"{root.observed_at:%Y-%m-%d %H:%M:%S} UTC: {reason}.",
+        "Fix it on the node (create the directory or let the agent write to it), wait for the node page to "
+        "show the root as exists and writable (the next heartbeat), then acquire again; or pick another root.",
+        field="params.storage_root_id",
+    )
 
 
 def record_usage(node_id: str, observations: list[Observation], quarantine: dict[str, object] | None) -> None:

@@ -36,6 +36,8 @@ class StorageRoot(db.Model):
     observed_free_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
     observed_total_bytes: Mapped[int | None] = mapped_column(sa.BigInteger)
     observed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Why the agent refuses it ("parent not writable", "is a symlink"…); null while it can use it.
+    observed_problem: Mapped[str | None] = mapped_column(sa.String(500))
 
     def to_dict(self) -> dict[str, object]:
         """The root as the API shows it."""
@@ -47,6 +49,7 @@ class StorageRoot(db.Model):
                 "free_bytes": self.observed_free_bytes,
                 "total_bytes": self.observed_total_bytes,
                 "observed_at": isoformat(self.observed_at),
+                "problem": self.observed_problem,
             }
         return {
             "id": self.id,

@@ -565,10 +565,23 @@ def test_a_root_outside_the_artifact_directory_or_missing_is_unavailable(hub, pl
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (place.artifacts / "sneaky").symlink_to(outside)
-    for root in (place.artifacts / "sneaky", place.artifacts / "missing"):
+    for root, reason in [
+        (place.artifacts / "sneaky", "is a symlink"),
+        (place.artifacts / "missing" / "deeper", "parent missing"),
+        (outside, "outside the artifact directory"),
+    ]:
         failure = failure_of(hub.url, place, root=root)
         assert (failure.code, failure.retryable) == (acquire_job.STORAGE_ROOT_UNAVAILABLE, False)
-    assert list(outside.iterdir()) == [] and hub.requests == []
+        assert failure.message.startswith(f"storage root {reason}")
+    assert list(outside.iterdir()) == [] and hub.requests == [] and not (place.artifacts / "missing").exists()
+
+
+def test_a_missing_root_below_a_writable_parent_is_made_and_the_model_lands_in_it(hub, place):
+    """J1: a job queued before the agent's first look at its root makes the root, as a heartbeat would."""
+    commit = hub.add_repo(REPO, FILES)
+    root = place.artifacts / "fresh"
+    result = acquire(hub.url, place, root=root)
+    assert result["commit"] == commit and (root / "models" / REPO / commit / "config.json").is_file()
 
 
 # --------------------------------------------------------------------------- hostile trees and links

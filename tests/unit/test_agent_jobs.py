@@ -6,6 +6,7 @@ the agent sends and answers from a script. The Hub is the stand-in (tests/suppor
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -262,12 +263,13 @@ def test_the_heartbeat_reports_each_storage_root_it_was_told_about(tmp_path, con
     outside = tmp_path / "outside"
     outside.mkdir()
     (tmp_path / "artifacts" / "linked").symlink_to(outside)
-    r1, r2, r3 = (str(uuid.uuid4()) for _ in range(3))  # root ids as the control plane makes them
+    r1, r2, r3, r4 = (str(uuid.uuid4()) for _ in range(4))  # root ids as the control plane makes them
     artifacts = tmp_path / "artifacts"
     control_plane.roots = [
         {"id": r1, "name": "registry", "container_path": str(artifacts / "registry"), "min_free_bytes": 0},
         {"id": r2, "name": "escapes", "container_path": str(artifacts / "linked"), "min_free_bytes": 0},
-        {"id": r3, "name": "missing", "container_path": str(artifacts / "gone"), "min_free_bytes": 0},
+        {"id": r3, "name": "missing", "container_path": str(artifacts / "gone" / "deeper"), "min_free_bytes": 0},
+        {"id": r4, "name": "new", "container_path": str(artifacts / "new"), "min_free_bytes": 0},
     ]
     running = make_agent(config)
     running.start()
@@ -279,8 +281,13 @@ def test_the_heartbeat_reports_each_storage_root_it_was_told_about(tmp_path, con
     assert second["storage_roots_etag"] == "etag-1"
     observed = {facts["id"]: facts for facts in second["storage_roots"]}
     registry = observed[r1]
-    assert (registry["exists"], registry["writable"]) == (True, True)
+    assert (registry["exists"], registry["writable"]) == (True, True) and "problem" not in registry
     assert 0 < registry["free_bytes"] <= registry["total_bytes"] and RFC3339.fullmatch(registry["observed_at"])
+    # J1: a missing root whose parent the agent may write to is made, and usable at once.
+    assert (observed[r4]["exists"], observed[r4]["writable"]) == (True, True) and (artifacts / "new").is_dir()
+    assert observed[r2]["problem"] == f"is a symlink: {artifacts / 'linked'} is never followed"
+    assert observed[r3]["problem"] == f"parent missing: {artifacts / 'gone'} does not exist"
+    assert not (artifacts / "gone").exists()  # a missing parent is never made: a typo grows no tree
     for escaped in (observed[r2], observed[r3]):
         assert (escaped["exists"], escaped["writable"], escaped["free_bytes"], escaped["total_bytes"]) == (
             False,
@@ -297,15 +304,21 @@ def test_the_heartbeat_reports_each_storage_root_it_was_told_about(tmp_path, con
 
 def test_root_observations_go_out_on_a_notable_change_or_after_a_minute(tmp_path):
     artifacts = tmp_path / "artifacts"
-    (artifacts / "registry").mkdir(parents=True)
+    (artifacts / "shelf" / "registry").mkdir(parents=True)
     roots = agent.StorageRoots(artifacts)
-    root = {"id": "r1", "name": "registry", "container_path": str(artifacts / "registry"), "min_free_bytes": 5}
+    root = {
+        "id": "r1",
+        "name": "registry",
+        "container_path": str(artifacts / "shelf" / "registry"),
+        "min_free_bytes": 5,
+    }
     roots.take_reply({"storage_roots_etag": "e", "storage_roots": [root]})
     sent = roots.heartbeat_fields(100.0)
     roots.delivered(sent, 100.0)
     assert "storage_roots" in sent and "storage_roots" not in roots.heartbeat_fields(130.0)
     assert "storage_roots" in roots.heartbeat_fields(161.0)  # a minute on
-    (artifacts / "registry").rmdir()
+    (artifacts / "shelf" / "registry").rmdir()
+    (artifacts / "shelf").rmdir()  # its parent too, or the agent would make the root again (J1)
     assert roots.heartbeat_fields(131.0)["storage_roots"][0]["exists"] is False  # gone: at once
     roots.take_reply({"storage_roots_etag": "e2", "storage_roots": []})
     assert roots.heartbeat_fields(132.0) == {"storage_roots_etag": "e2", "storage_roots": []}
@@ -355,6 +368,100 @@ def test_a_reply_without_roots_keeps_the_list_and_a_bad_root_is_dropped(tmp_path
     roots.take_reply({"storage_roots_etag": "e", "storage_roots": [good, {"id": "r2"}, "x"]})
     roots.take_reply({"storage_roots_etag": "e"})  # unchanged: the server sends only the etag
     assert [root.id for root in roots.roots] == ["r1"] and roots.etag == "e"
+
+
+@pytest.fixture
+def read_only_dir(monkeypatch):
+    """Make a directory read-only: mode 0555, and, since root writes in it all the same, a mkdir in
+    it refused as the kernel refuses anyone else (EACCES)."""
+    locked: list[Path] = []
+    real_mkdir = agent.os.mkdir
+
+    def refusing_mkdir(path, mode=0o777, *, dir_fd=None):
+        parent = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else os.path.dirname(path)
+        if any(os.path.samefile(parent, directory) for directory in locked):
+            raise PermissionError(13, "Permission denied", path)
+        return real_mkdir(path, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(agent.os, "mkdir", refusing_mkdir)
+
+    def lock(directory: Path) -> Path:
+        directory.mkdir(parents=True)
+        directory.chmod(0o555)
+        locked.append(directory)
+        return directory
+
+    def unlock(directory: Path) -> None:
+        directory.chmod(0o755)
+        locked.remove(directory)
+
+    lock.unlock = unlock
+    yield lock
+    for directory in locked:
+        directory.chmod(0o755)  # so tmp_path can be cleaned up
+
+
+def test_a_missing_root_is_created_when_its_parent_lets_the_agent_and_refused_with_why_otherwise(
+    tmp_path, read_only_dir
+):
+    artifacts = tmp_path / "artifacts"
+    (artifacts / "shelf").mkdir(parents=True)
+    (artifacts / "a-file").write_text("not a directory")
+    (artifacts / "inner").mkdir()
+    (artifacts / "alias").symlink_to(artifacts / "inner")  # even a link that stays inside is not followed
+    locked = read_only_dir(artifacts / "locked")
+
+    assert agent.root_problem(str(artifacts / "shelf" / "models"), artifacts) is not None  # looking makes nothing
+    assert not (artifacts / "shelf" / "models").exists()
+    assert agent.root_problem(str(artifacts / "shelf" / "models"), artifacts, create=True) is None
+    assert (artifacts / "shelf" / "models").is_dir()
+    problems = {
+        name: agent.root_problem(path, artifacts, create=True)
+        for name, path in {
+            "locked": str(locked / "models"),
+            "symlink": str(artifacts / "alias"),
+            "below a symlink": str(artifacts / "alias" / "models"),
+            "file": str(artifacts / "a-file"),
+            "outside": str(tmp_path / "elsewhere"),
+            "prefix": f"{artifacts}-other/models",
+            "dots": f"{artifacts}/shelf/../../elsewhere",
+            "relative": "artifacts/models",
+        }.items()
+    }
+    assert problems == {
+        "locked": f"parent not writable: the agent (uid {os.getuid()}) cannot create models in {locked}",
+        "symlink": f"is a symlink: {artifacts / 'alias'} is never followed",
+        "below a symlink": f"is a symlink: {artifacts / 'alias'} is never followed",
+        "file": f"not a directory: {artifacts / 'a-file'}",
+        "outside": f"outside the artifact directory {artifacts}: {tmp_path / 'elsewhere'}",
+        "prefix": f"outside the artifact directory {artifacts}: {artifacts}-other/models",
+        "dots": f"not a plain path (empty, . or .. parts are never resolved): {artifacts}/shelf/../../elsewhere",
+        "relative": "not an absolute path: artifacts/models",
+    }
+    assert list((artifacts / "inner").iterdir()) == [] and not (tmp_path / "elsewhere").exists()
+    assert agent.root_problem(str(artifacts), artifacts) is None  # the artifact directory itself may be a root
+
+
+def test_a_refused_root_is_reported_with_its_reason_once_and_again_when_it_changes(tmp_path, read_only_dir):
+    artifacts = tmp_path / "artifacts"
+    locked = read_only_dir(artifacts / "locked")
+    roots = agent.StorageRoots(artifacts)
+    far = "/elsewhere" + f"/{'x' * 250}" * 3  # a path longer than the heartbeat carries: the reason is cut
+    wire = [
+        {"id": "r1", "name": "locked", "container_path": str(locked / "models"), "min_free_bytes": 0},
+        {"id": "r2", "name": "long", "container_path": far, "min_free_bytes": 0},
+    ]
+    roots.take_reply({"storage_roots_etag": "e", "storage_roots": wire})
+    sent = roots.heartbeat_fields(100.0)
+    roots.delivered(sent, 100.0)
+    first, long = sent["storage_roots"]
+    assert (first["exists"], first["writable"]) == (False, False)
+    assert first["problem"].startswith("parent not writable: ") and len(long["problem"]) == agent.ROOT_PROBLEM_MAX
+    assert "storage_roots" not in roots.heartbeat_fields(110.0)  # the same refusal: not due again
+    read_only_dir.unlock(locked)  # the operator let the agent write there: it makes the root itself
+    fixed = roots.heartbeat_fields(111.0)["storage_roots"][0]
+    assert (fixed["exists"], fixed["writable"]) == (True, True) and "problem" not in fixed
+    assert (locked / "models").is_dir()
 
 
 # --------------------------------------------------------------------------- settings

@@ -20,7 +20,7 @@ def test_migrated_schema_matches_the_models(app):
     with app.app_context(), db.engine.connect() as connection:
         context = MigrationContext.configure(connection)
         assert compare_metadata(context, db.metadata) == []
-        assert context.get_current_revision() == "0019_alert_targets"
+        assert context.get_current_revision() == "0020_storage_root_problem"
 
 
 def test_upgrading_an_existing_database_keeps_its_enrolments(tmp_path):

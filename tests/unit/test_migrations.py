@@ -48,6 +48,7 @@ RELEASED = {
     "0017_node_draining.py": "3d59c1fd504c52466a83b50f22bb5bce15adabc7e8d6807dfe1d5c06b0b567c6",
     "0018_artifact_models.py": "5ad63c66fc16d7d90928e35de63fdb63a187872d60521eaba84c95b558e03e5d",
     "0019_alert_targets.py": "f115c78443059ee551c14f12d984c97ce230505c3a0f60ad8467bc342e995cc4",
+    "0020_storage_root_problem.py": "d59b4aede113357c9b46d4e71731cd75dcbb13c7e249c3b317a68041e4ec0c3d",
 }
 # 0001_initial as its first commit (9c5d073) wrote it, which databases of that time were made by.
 FIRST_EDITION = DATA_DIR / "migrations" / "0001_initial_schema_at_9c5d073.py.txt"  # verbatim, so not linted
