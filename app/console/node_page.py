@@ -283,6 +283,7 @@ def node_audit(node_id: str):
         "errors": errors,
         "node_names": {node["id"]: node["display_name"]},
         "pager_endpoint": "console.node_audit",
+        "one_node": True,  # every event is this node's: no Node column
         "link_filters": {"node_id": node_id},
     }
     return _tab("node_audit.html", "audit", node, **context), (400 if errors else 200)
