@@ -82,7 +82,8 @@ def test_an_acquired_model_is_benchmarked_and_answers_the_same_text_twice(
     results = api(jobs_server, "GET", f"/api/v1/admin/nodes/{node_id}/runtime-results").json()
     assert [run["job_id"] for run in results["benchmarks"]] == [bench["id"]]
     assert results["smoke_test"]["outputs"][0]["text"] == texts[1][0]
-    page = signed_in(jobs_server).get(f"{jobs_server.url}/hardware/nodes/{node_id}", timeout=10)
+    # The node page's Jobs & runtime tab: the worker, the benchmark runs and the last smoke test.
+    page = signed_in(jobs_server).get(f"{jobs_server.url}/hardware/nodes/{node_id}/work", timeout=10)
     assert page.status_code == 200
     assert 'data-testid="worker-answer">COMPATIBLE<' in page.text and 'data-testid="benchmarks"' in page.text
     assert html.escape(texts[1][0]) in page.text  # the last smoke test's answer
