@@ -32,6 +32,20 @@ def section_url(node_id: str, section: str, anchor: str | None = None) -> str:
 # --------------------------------------------------------------------------- title
 
 
+# What each type does, in a word, for the list and its filter (the type itself stays beside it).
+KINDS = {
+    queue.ACQUIRE: "Download",
+    queue.BENCHMARK: "Benchmark",
+    queue.GENERATE: "Smoke test",
+    queue.DELETE: "Delete",
+}
+
+
+def kind(job_type: str) -> str:
+    """'Download' for artifact.acquire.v1; an unknown type is its own name."""
+    return KINDS.get(job_type, job_type)
+
+
 def _model_name(job: Job, artifact: Artifact | None) -> str:
     """The repository a runtime or delete job is about: its artifact's, else the one its result
     kept (the name outlives the artifact)."""

@@ -215,6 +215,7 @@ def jobs_page():
         percent=progress_percent,
         reason=job_words.reason,
         attempts=job_words.attempts,
+        kind=job_words.kind,
         node_names=node_names,
         filters=filters,
         link_filters=link_filters,

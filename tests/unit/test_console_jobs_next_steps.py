@@ -83,6 +83,9 @@ def test_a_repository_typo_offers_no_retry_but_the_form_to_fix_it_and_the_list_s
 
     row = jobs_row(console, job_id)
     assert re.search(r'data-testid="job-reason">repository not found<', row)
+    assert f'">Download</a><br><code class="mf-small">{ACQUIRE}</code>' in row  # what it does, its type beside
+    jobs = unescape(console.get("/jobs").get_data(as_text=True))
+    assert f'<option value="{ACQUIRE}">Download ({ACQUIRE})</option>' in jobs
     # J2: the retry itself stays what the API offers (a failed job as a new attempt); the page no longer offers it.
     assert htmx_post(console, f"/jobs/{job_id}/retry").status_code == 200
 
