@@ -36,11 +36,15 @@ def stop_started_agents() -> None:
 HF_TOKEN = "hf_" + "T0kenForTheStandInHubOnly" * 2
 
 
-def start_agent(tmp_path: Path, server: GunicornServer, hub: StandinHub, **env: str) -> AgentProcess:
-    """A cpu-mode agent that advertises artifact.acquire.v1 and talks to the stand-in Hub."""
+def start_agent(
+    tmp_path: Path, server: GunicornServer, hub: StandinHub, prefix: list[str] = (), **env: str
+) -> AgentProcess:
+    """A cpu-mode agent that advertises artifact.acquire.v1 and talks to the stand-in Hub (run
+    through `prefix`, as AgentProcess says)."""
     agent = AgentProcess(
         tmp_path,
         server.url,
+        prefix=prefix,
         MODELFORGE_AGENT_ENROLLMENT_TOKEN=mint_token(server.url)["token"],
         HF_ENDPOINT=hub.url,
         MODELFORGE_HF_TOKEN=HF_TOKEN,

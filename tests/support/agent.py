@@ -60,10 +60,24 @@ def mint_token(url: str, verify: bool | str = True, eligibility: dict[str, bool]
     return response.json()
 
 
-class AgentProcess:
-    """`python -m modelforge_node_agent` with its own state and data directories."""
+def without_permission_override() -> list[str]:
+    """A command prefix that makes the agent obey file modes as any user does: as root (the tests'
+    usual user) it drops CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (util-linux's setpriv), so a
+    directory of mode 0555 really is not writable to it; nothing otherwise."""
+    if os.geteuid() != 0:
+        return []
+    dropped = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={dropped}", f"--inh-caps={dropped}", "--"]
 
-    def __init__(self, tmp_path: Path, control_plane_url: str, name: str = "agent", **env: str) -> None:
+
+class AgentProcess:
+    """`python -m modelforge_node_agent` with its own state and data directories; `prefix` runs it
+    through another command (e.g. without_permission_override())."""
+
+    def __init__(
+        self, tmp_path: Path, control_plane_url: str, name: str = "agent", prefix: list[str] = (), **env: str
+    ) -> None:
+        self.prefix = list(prefix)
         self.home = tmp_path / name
         self.state_dir = self.home / "state"
         for directory in ("state", "hf-cache", "artifacts", "quarantine"):
@@ -94,7 +108,7 @@ class AgentProcess:
         """Start the agent in the background."""
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "modelforge_node_agent", *args],
+                [*self.prefix, sys.executable, "-m", "modelforge_node_agent", *args],
                 cwd=self.home,
                 env=self.env,
                 stdout=log,
