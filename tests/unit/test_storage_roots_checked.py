@@ -158,6 +158,13 @@ def test_acquire_onto_a_root_the_agent_reports_unusable_is_refused_409(app, clie
     assert job_count(app) == 0
 
 
+def test_the_acquire_form_with_every_root_usable_offers_them_all_without_a_note(client, node):
+    add_root(client, node["id"])
+    signed_in(client)
+    form = client.get(f"/hardware/nodes/{node['id']}/acquire", headers={"HX-Request": "true"}).get_data(as_text=True)
+    assert "disabled" not in form and "not offered" not in form and "aria-describedby" not in form
+
+
 def test_acquire_onto_a_root_not_yet_observed_or_usable_is_queued(client, node):
     """A root the agent has not reported on yet is not refused: the agent checks it when it claims."""
     unseen = add_root(client, node["id"], name="unseen").get_json()
@@ -226,6 +233,7 @@ def test_the_roots_table_shows_the_agents_refusal_and_the_acquire_form_does_not_
     form = client.get(f"/hardware/nodes/{node['id']}/acquire", headers={"HX-Request": "true"}).get_data(as_text=True)
     assert f'<option disabled value="{refused["id"]}">' in form and "not usable: parent not writable" in form
     assert f'<option selected value="{usable["id"]}">' in form  # the usable one is the default
+    assert 'aria-describedby="acquire-root-hint"' in form and "1 root not offered" in form
 
     chosen = {"csrf_token": csrf, "repo_id": "owner/tiny", "revision": "main", "repo_type": "model"}
     response = client.post(
