@@ -143,6 +143,26 @@
     openDetails = [];
   });
 
+  // Times come from the server in UTC (app/console/formatting.py `utc`); each is shown in the
+  // reader's own time zone, to the second, with the UTC text kept as its title.
+  function localTimes(root) {
+    var format = new Intl.DateTimeFormat(undefined, {
+      year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit",
+      second: "2-digit", hourCycle: "h23", timeZoneName: "short" });
+    root.querySelectorAll("time[data-local-time]").forEach(function (element) {
+      var moment = new Date(element.getAttribute("datetime"));
+      if (isNaN(moment.getTime())) return;
+      var parts = {};
+      format.formatToParts(moment).forEach(function (part) { parts[part.type] = part.value; });
+      element.title = element.textContent;
+      element.textContent = parts.year + "-" + parts.month + "-" + parts.day + " " + parts.hour + ":" +
+        parts.minute + ":" + parts.second + " " + parts.timeZoneName;
+      element.removeAttribute("data-local-time");
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () { localTimes(document); });
+  document.addEventListener("htmx:load", function (event) { localTimes(event.detail.elt); });
+
   // Leaving the page (including into the back/forward cache) takes the secret with it.
   window.addEventListener("pagehide", function () { clearSecrets("closed"); });
 

@@ -256,3 +256,22 @@ def test_sign_out_everywhere_asks_first_and_a_no_keeps_the_session(shell, server
     assert shell.dialogs and shell.dialogs[0].startswith("Sign out everywhere?")
     open_at(shell, server.url + "/settings", "laptop")
     assert shell.url == server.url + "/settings"  # still signed in
+
+
+def test_times_are_shown_in_the_readers_time_zone_with_utc_as_their_title(chromium, server, shell):
+    cookies = shell.context.cookies()
+    context = chromium.new_context(viewport={"width": 1366, "height": 900}, timezone_id="Asia/Kolkata")
+    try:
+        context.add_cookies(cookies)
+        page = context.new_page()
+        page.goto(server.url + "/audit")
+        first = page.locator("#audit-table time").first
+        expect(first).not_to_have_attribute("data-local-time", "")  # console.js has been at it
+        shown, title, moment = first.text_content(), first.get_attribute("title"), first.get_attribute("datetime")
+        assert title.endswith(" UTC") and moment.endswith("Z")
+        assert shown.endswith(("GMT+5:30", "IST")), shown  # India is UTC+5:30, all year
+        utc_hour, utc_minute = int(moment[11:13]), int(moment[14:16])
+        local_minutes = (utc_hour * 60 + utc_minute + 330) % (24 * 60)
+        assert shown[11:16] == f"{local_minutes // 60:02d}:{local_minutes % 60:02d}", (shown, moment)
+    finally:
+        context.close()

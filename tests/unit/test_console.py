@@ -346,7 +346,8 @@ def test_agent_version_shows_when_it_was_reported(app, console):
     headers = factories.bearer(node["credential"])
     assert console.post("/api/v1/agent/inventory", json=factories.inventory_body(), headers=headers).status_code == 200
     html = console.get(f"/hardware/nodes/{node['node_id']}").get_data(as_text=True)
-    reported = re.search(r'reported <time datetime="[^"]+Z" data-local-time>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC)</time>', html)
+    when = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+    reported = re.search(rf'reported <time datetime="[^"]+Z" data-local-time>({when})</time>', html)
     assert reported, "the agent version carries the time it was reported, before any heartbeat"
 
 

@@ -118,6 +118,8 @@ def test_audit_details_and_actors_read_as_words_with_links(app, console, populat
     with app.test_request_context():
         assert audit_actor("system") == "ModelForge" and audit_actor("operator") == "operator"
         assert str(audit_details({})) == "—"
+        details = str(audit_details({"expires_at": "2026-12-03T05:48:02.123456Z"}))
+        assert '<time datetime="2026-12-03T05:48:02Z" data-local-time>2026-12-03 05:48:02 UTC</time>' in details
 
 
 def test_a_gpu_only_nvml_reported_is_not_compared_never_agreed(console, populated):
