@@ -223,8 +223,9 @@ def test_the_checklist_fills_in_the_verdict_turns_and_the_bundle_opens(page, acc
     page.goto(f"{acceptance_server.url}/hardware/nodes/{node['id']}")
     expect(page.locator("#node-acceptance [data-testid=verdict]")).to_have_attribute("data-validated", "true")
     expect(page.locator("#node-acceptance [data-state=observed]")).to_have_count(len(ITEMS))
-    # The node fell silent long ago (stale or offline by now): its health is last reported, not current.
-    expect(page.locator("[data-testid=node-health]")).to_contain_text("not current")
+    # The node's last beat was its comeback above; once it is stale (5 s, the status card polls),
+    # its health is last reported, not current.
+    expect(page.locator("[data-testid=node-health]")).to_contain_text("not current", timeout=30_000)
     expect(page.locator("[data-testid=node-health] .mf-ok")).to_have_count(0)
     page.steps.shot("node-page")
     page.click("nav >> text=Hardware → Nodes")

@@ -23,7 +23,7 @@ def fits_and_passes_axe(page) -> dict[str, object]:
     return found
 
 
-def test_the_wizards_venv_command_fits_and_passes_axe(page, server):
+def test_the_wizards_venv_command_fits_and_passes_axe(server, page):  # the page closes before the server
     sign_in(page, server.url, "/hardware/enroll")
     page.fill("#display_name", "venv node")
     page.click("button:has-text('Create one-time token')")
@@ -35,7 +35,7 @@ def test_the_wizards_venv_command_fits_and_passes_axe(page, server):
     assert fits_and_passes_axe(page) == {"laptop": {}, "phone": {}}
 
 
-def test_a_degraded_nodes_row_fits_and_passes_axe(page, server):
+def test_a_degraded_nodes_row_fits_and_passes_axe(server, page):
     api = Api(server.url)
     enrolled = factories.enrolled_node(api, WORKING_NODE, control_plane_url=server.url)
     node = {"id": enrolled["node_id"], "auth": factories.bearer(enrolled["credential"])}

@@ -52,6 +52,11 @@ def run_preflight_cli(monkeypatch, capsys, env: dict[str, str]) -> tuple[int, st
             monkeypatch.delenv(name)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    # configure_logging() takes the agent's logger off the root logger onto this test's stderr:
+    # each is put back afterwards, or later tests' caplog hears nothing from the agent.
+    monkeypatch.setattr(agent.log, "handlers", [])
+    monkeypatch.setattr(agent.log, "propagate", agent.log.propagate)
+    monkeypatch.setattr(agent.log, "level", agent.log.level)
     code = agent.main(["--preflight"])
     return code, capsys.readouterr().out
 
