@@ -9,6 +9,7 @@ import json
 from flask import Response
 
 from app import create_app
+from app.extensions import db
 from tests.support import app_env
 
 GZIP = {"Accept-Encoding": "gzip"}
@@ -55,7 +56,12 @@ def test_an_event_stream_is_never_compressed(database_url, tmp_path):
         return Response((f"data: {'x' * 400} {n}\n\n" for n in range(5)), mimetype="text/event-stream")
 
     application.add_url_rule("/api/v1/test-events", "test_events", events)
-    response = application.test_client().get("/api/v1/test-events", headers=GZIP)
-    assert response.mimetype == "text/event-stream" and response.is_streamed
-    assert "Content-Encoding" not in response.headers
-    assert response.get_data().startswith(b"data: xxx")
+    try:
+        response = application.test_client().get("/api/v1/test-events", headers=GZIP)
+        assert response.mimetype == "text/event-stream" and response.is_streamed
+        assert "Content-Encoding" not in response.headers
+        assert response.get_data().startswith(b"data: xxx")
+    finally:  # this app's own engine: its pooled connection is closed, not left to the collector
+        with application.app_context():
+            db.session.remove()
+            db.engine.dispose()
